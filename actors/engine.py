@@ -1,0 +1,227 @@
+"""The one module that owns vLLM's async engine.
+
+`Engine` builds `AsyncLLM` from an `EngineConfig` (through `configs.to_vllm_kwargs`, the
+only translation), turns a validated request into a prompt and `SamplingParams`, runs
+it, and returns a plain result dict. Many `generate` calls run concurrently on one event
+loop, so vLLM's scheduler batches them continuously: a slow row never holds back the
+others. Spec-decode and token counters come from a stat logger vLLM calls every step.
+
+Knows nothing about Ray, S3 or row formats: the actor, the Ray Data stage and the Serve
+deployment hold an `Engine`; they never build a vLLM engine their own way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from typing import Any
+
+from actors.requests import (
+    GenerationRequest,
+    RequestError,
+    error_result,
+    parse_request,
+    resolved_sampling,
+)
+from actors.spec_stats import SpecDecodeStats
+from configs.schema import EngineConfig, SamplingDefaults
+from configs.vllm_args import to_vllm_kwargs
+
+log = logging.getLogger(__name__)
+
+SPEC_COUNTER_NAMES = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
+SPEC_PER_POS_NAME = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def prepare_process_env(device: str) -> None:
+    """Process-wide settings vLLM reads at import/start. On CPU the engine core runs
+    in-process: start-up is seconds instead of a spawned process, and one engine per
+    actor process is what we want anyway."""
+    if device == "cpu":
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+
+class _StatsSink:
+    """vLLM stat logger (its `StatLoggerBase` protocol) feeding a `SpecDecodeStats` and
+    the latest scheduler signals. Built by vLLM through the factory in `Engine`."""
+
+    def __init__(self, stats: SpecDecodeStats, signals: dict[str, Any]):
+        self.stats = stats
+        self.signals = signals
+
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+        now = time.monotonic()
+        if scheduler_stats is not None:
+            self.signals.update(
+                num_running_reqs=scheduler_stats.num_running_reqs,
+                num_waiting_reqs=scheduler_stats.num_waiting_reqs,
+                kv_cache_usage=scheduler_stats.kv_cache_usage,
+                updated_at_s=now,
+            )
+            spec = scheduler_stats.spec_decoding_stats
+            if spec is not None:
+                self.stats.observe_drafts(
+                    spec.num_drafts,
+                    spec.num_draft_tokens,
+                    spec.num_accepted_tokens,
+                    list(spec.num_accepted_tokens_per_pos),
+                )
+        if iteration_stats is not None:
+            self.stats.observe_tokens(
+                iteration_stats.num_prompt_tokens, iteration_stats.num_generation_tokens, now
+            )
+
+    def log_engine_initialized(self):
+        pass
+
+    def log(self):
+        pass
+
+    def record_sleep_state(self, is_awake: int, level: int):
+        pass
+
+
+class Engine:
+    """One vLLM `AsyncLLM` plus request mapping and statistics."""
+
+    def __init__(self, cfg: EngineConfig, defaults: SamplingDefaults | None = None, device: str = "cpu"):
+        prepare_process_env(device)
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        self.cfg = cfg
+        self.defaults = defaults or SamplingDefaults()
+        self.stats = SpecDecodeStats(num_spec_tokens=cfg.spec.num_speculative_tokens or 0)
+        self.signals: dict[str, Any] = {}
+        sink = _StatsSink(self.stats, self.signals)
+
+        class _Logger(StatLoggerBase):  # vLLM checks the base class of custom loggers
+            def __init__(self, vllm_config, engine_index=0):
+                pass
+
+            record = staticmethod(sink.record)
+            log_engine_initialized = staticmethod(sink.log_engine_initialized)
+
+        started = time.monotonic()
+        self.kwargs = to_vllm_kwargs(cfg)
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.kwargs), stat_loggers=[_Logger])
+        self._tokenizer = self._llm.get_tokenizer()
+        self.max_model_len = self._llm.model_config.max_model_len
+        self.startup_s = time.monotonic() - started
+        log.info("engine ready in %.1fs: %s spec=%s", self.startup_s, cfg.model, cfg.spec.method)
+
+    # -- request mapping -------------------------------------------------------------
+
+    def _prompt_token_ids(self, req: GenerationRequest) -> list[int]:
+        if req.messages is not None:
+            messages = [m.model_dump() for m in req.messages]
+            text = self._tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+            return self._tokenizer.encode(text, add_special_tokens=False)
+        return self._tokenizer.encode(req.prompt)
+
+    def _sampling_params(self, req: GenerationRequest, num_prompt_tokens: int):
+        from vllm import SamplingParams
+
+        values = resolved_sampling(req, self.defaults)
+        room = self.max_model_len - num_prompt_tokens
+        if room < 1:
+            raise RequestError(
+                f"prompt is {num_prompt_tokens} tokens; max_model_len={self.max_model_len} "
+                "leaves no room for output"
+            )
+        # Output is bounded by what the context still holds; a request for more gets
+        # what fits and finish_reason "length", as OpenAI-compatible servers do.
+        values["max_tokens"] = min(values["max_tokens"], room)
+        try:
+            return SamplingParams(**values)
+        except (ValueError, TypeError) as exc:
+            raise RequestError(f"invalid sampling values {values!r}: {exc}") from exc
+
+    # -- serving -----------------------------------------------------------------------
+
+    async def generate(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Run one request; never raises for a bad or failed request: the result dict
+        carries `ok: False` and an `error` with a reason instead."""
+        request_id = str(request.get("id", "")) if isinstance(request, dict) else ""
+        try:
+            req = parse_request(request)
+            prompt_ids = self._prompt_token_ids(req)
+            if len(prompt_ids) >= self.max_model_len:
+                return error_result(
+                    req.id,
+                    "prompt_too_long",
+                    f"prompt is {len(prompt_ids)} tokens, max_model_len is {self.max_model_len}",
+                )
+            params = self._sampling_params(req, len(prompt_ids))
+        except RequestError as exc:
+            return error_result(request_id, "invalid_request", str(exc))
+        return await self._run(req, prompt_ids, params)
+
+    async def _run(self, req: GenerationRequest, prompt_ids: list[int], params) -> dict[str, Any]:
+        from vllm import TokensPrompt
+
+        engine_request_id = f"{req.id}-{uuid.uuid4().hex[:12]}"
+        started = time.monotonic()
+        first_token_s = None
+        final = None
+        try:
+            async for out in self._llm.generate(
+                TokensPrompt(prompt_token_ids=prompt_ids),
+                params,
+                engine_request_id,
+                priority=req.priority,
+            ):
+                if first_token_s is None and out.outputs and out.outputs[0].token_ids:
+                    first_token_s = time.monotonic() - started
+                final = out
+        except Exception as exc:  # the engine failed this row; the caller decides on retry
+            log.warning("request %s failed in the engine: %r", req.id, exc)
+            return error_result(req.id, "engine_error", f"{type(exc).__name__}: {exc}")
+        completion = final.outputs[0]
+        return {
+            "id": req.id,
+            "ok": True,
+            "text": completion.text,
+            "token_ids": list(completion.token_ids),
+            "finish_reason": completion.finish_reason,
+            "num_prompt_tokens": len(prompt_ids),
+            "num_output_tokens": len(completion.token_ids),
+            "ttft_s": first_token_s,
+            "latency_s": time.monotonic() - started,
+        }
+
+    # -- introspection -----------------------------------------------------------------
+
+    def stats_dict(self) -> dict[str, Any]:
+        return {**self.stats.as_dict(), "signals": dict(self.signals)}
+
+    @staticmethod
+    def vllm_spec_counters() -> dict[str, Any]:
+        """vLLM's own Prometheus spec-decode counters in this process (summed over label
+        sets), for cross-checking our statistics."""
+        from vllm.v1.metrics.reader import Counter, Vector, get_metrics_snapshot
+
+        out: dict[str, Any] = {name: 0 for name in SPEC_COUNTER_NAMES}
+        per_pos: list[int] = []
+        for metric in get_metrics_snapshot():
+            if isinstance(metric, Counter) and metric.name in SPEC_COUNTER_NAMES:
+                out[metric.name] += metric.value
+            elif isinstance(metric, Vector) and metric.name == SPEC_PER_POS_NAME:
+                per_pos += [0] * (len(metric.values) - len(per_pos))
+                for i, v in enumerate(metric.values):
+                    per_pos[i] += v
+        out[SPEC_PER_POS_NAME] = per_pos
+        return out
+
+    def shutdown(self) -> None:
+        self._llm.shutdown()

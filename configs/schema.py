@@ -1,0 +1,238 @@
+"""The one typed config tree: YAML -> these pydantic models -> engine kwargs.
+
+Owns the shape, defaults and validation of every setting the batch jobs, the engine
+actors and (later) the Serve app read. Every model forbids unknown keys, so a typo in a
+YAML file or an override is refused with its name instead of being silently ignored.
+
+Knows nothing about vLLM's own argument names: `configs.vllm_args` is the single place
+that translates `EngineConfig` into vLLM keyword arguments. Importing this module must
+not import vllm, torch or ray (a test checks it in a subprocess).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SpecMethod = Literal["peagle", "eagle3", "ngram", "none"]
+Device = Literal["cpu", "gpu"]
+
+
+class StrictModel(BaseModel):
+    """Base for every config node: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class SpecConfig(StrictModel):
+    """Speculative decoding. `peagle` is EAGLE-3 with parallel drafting (one draft pass
+    for all K tokens); `eagle3` drafts K tokens autoregressively; `ngram` drafts from the
+    prompt itself and needs no head; `none` turns speculation off."""
+
+    method: SpecMethod = Field(
+        "none",
+        description="Drafting method. peagle/eagle3 need `head`; ngram and none do not.",
+    )
+    head: str | None = Field(
+        None,
+        description="Draft head: a local directory or a model-hub id. Must match the "
+        "target model it was trained against (hidden size, vocab, aux layers).",
+    )
+    num_speculative_tokens: int | None = Field(
+        None,
+        description="K, draft tokens proposed per step (> 0). Larger K pays at low load "
+        "(more tokens per target step) and costs at high load (verification work grows "
+        "with K x batch, and vLLM reserves K extra KV slots per running request).",
+    )
+    schedule: list[tuple[int, int, int]] | None = Field(
+        None,
+        description="Optional batch-size -> K table [[lo, hi, K], ...] fixed at engine "
+        "start (vLLM `num_speculative_tokens_per_batch_size`). Ranges are contiguous, "
+        "start at 1, and each K <= num_speculative_tokens; K = 0 turns drafting off "
+        "for that batch-size range.",
+    )
+    ngram_min: int = Field(
+        1, ge=1, description="ngram only: shortest prompt n-gram to match (tokens)."
+    )
+    ngram_max: int = Field(
+        4, ge=1, description="ngram only: longest prompt n-gram to match (tokens)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "SpecConfig":
+        if self.method == "none":
+            if self.num_speculative_tokens is not None or self.schedule is not None:
+                raise ValueError(
+                    "spec.method is 'none' but num_speculative_tokens="
+                    f"{self.num_speculative_tokens!r} / schedule={self.schedule!r} "
+                    "were given; set a method or drop them"
+                )
+            return self
+        k = self.num_speculative_tokens
+        if k is None or isinstance(k, bool) or k <= 0:
+            raise ValueError(
+                f"spec.num_speculative_tokens must be a positive integer for "
+                f"method {self.method!r}, got {k!r}"
+            )
+        if self.method in ("peagle", "eagle3") and not self.head:
+            raise ValueError(f"spec.head is required for method {self.method!r}, got {self.head!r}")
+        if self.method == "ngram" and self.ngram_min > self.ngram_max:
+            raise ValueError(
+                f"spec.ngram_min ({self.ngram_min!r}) must be <= spec.ngram_max ({self.ngram_max!r})"
+            )
+        if self.schedule is not None:
+            _check_schedule(self.schedule, k)
+        return self
+
+
+def _check_schedule(schedule: list[tuple[int, int, int]], k_max: int) -> None:
+    if not schedule:
+        raise ValueError("spec.schedule must not be empty; omit it for a fixed K")
+    expected_lo = 1
+    for lo, hi, k in schedule:
+        if lo != expected_lo or hi < lo:
+            raise ValueError(
+                f"spec.schedule ranges must be contiguous from 1, got range {[lo, hi, k]!r} "
+                f"where lo={expected_lo} was expected"
+            )
+        if not 0 <= k <= k_max:
+            raise ValueError(
+                f"spec.schedule K must be in [0, num_speculative_tokens={k_max}], got {k!r}"
+            )
+        expected_lo = hi + 1
+
+
+class EngineConfig(StrictModel):
+    """One vLLM engine (one actor). Defined once; batch jobs, Serve and the controller
+    all hold this same type."""
+
+    model: str = Field(
+        description="Target model: a local directory (relative paths resolve against "
+        "the repo root) or a model-hub id."
+    )
+    tokenizer: str | None = Field(None, description="Tokenizer if not the model's own.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="Activation/weight dtype. float32 on CPU makes greedy outputs "
+        "comparable token for token; bfloat16 halves memory on GPU.",
+    )
+    quantization: str | None = Field(
+        None, description="Weight quantization, e.g. 'fp8' (online FP8 on Hopper/Blackwell)."
+    )
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="KV-cache dtype. fp8 doubles the tokens the cache holds."
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="GPUs one engine shards the model over (all on one node)."
+    )
+    max_model_len: int = Field(
+        2048, ge=16, description="Context length in tokens (prompt + output)."
+    )
+    max_num_seqs: int = Field(
+        64, ge=1, description="Sequences batched per step. Higher = more throughput, "
+        "more KV memory, slower steps."
+    )
+    max_num_batched_tokens: int | None = Field(
+        None, ge=16, description="Token budget per step (prefill chunking); None = vLLM default."
+    )
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="GPU only: fraction of HBM vLLM may take."
+    )
+    kv_cache_memory_bytes: int | None = Field(
+        None, gt=0, description="KV-cache size in bytes. Required on CPU (otherwise vLLM "
+        "asks for most of RAM); on GPU it overrides gpu_memory_utilization."
+    )
+    enforce_eager: bool = Field(
+        False, description="Skip graph capture/compilation: starts in seconds instead of "
+        "minutes, runs slower. True for the CPU tiny model and tests."
+    )
+    enable_prefix_caching: bool = Field(
+        True, description="Reuse KV of shared prompt prefixes (few-shot, system prompts)."
+    )
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        "priority", description="priority lets online requests (priority 0) go ahead of "
+        "batch rows (priority 1) in the engine queue; fcfs serves strictly by arrival."
+    )
+    seed: int = Field(0, description="Engine seed for sampling reproducibility.")
+    spec: SpecConfig = Field(default_factory=SpecConfig)
+    extra_engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Escape hatch: further vLLM engine keyword arguments passed verbatim. "
+        "May not repeat a key this config already sets.",
+    )
+
+
+class PoolConfig(StrictModel):
+    """The pool of engine actors and the resources each one holds."""
+
+    device: Device = Field("cpu", description="Where engines run.")
+    min_actors: int = Field(1, ge=1, description="Actors started up front.")
+    max_actors: int = Field(
+        1, ge=1, description="Upper bound the batch pipeline may scale to."
+    )
+    cpus_per_actor: float = Field(
+        1.0, gt=0, description="Logical CPUs each actor reserves (tokenization, scheduling)."
+    )
+    gpus_per_node: int = Field(
+        8, ge=0, description="GPUs per node, for the resource plan (B200 nodes have 8)."
+    )
+    accelerator_type: str | None = Field(
+        None, description="Ray accelerator label each actor requires, e.g. 'B200'."
+    )
+    max_requests_in_flight: int = Field(
+        64, ge=1, description="Requests the dispatcher keeps in each actor at once. "
+        "Should be >= engine.max_num_seqs so the engine never idles waiting for work."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "PoolConfig":
+        if self.min_actors > self.max_actors:
+            raise ValueError(
+                f"pool.min_actors ({self.min_actors!r}) must be <= pool.max_actors "
+                f"({self.max_actors!r})"
+            )
+        return self
+
+
+class SamplingDefaults(StrictModel):
+    """Defaults for requests that do not set their own sampling values."""
+
+    max_tokens: int = Field(256, ge=1, description="Output tokens per request.")
+    temperature: float = Field(0.0, ge=0, description="0 = greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    stop: list[str] = Field(default_factory=list, description="Stop strings.")
+
+
+class AppConfig(StrictModel):
+    """A whole deployment: the engine, the pool that runs it, request defaults, and the
+    job's input/output (used by batch jobs, ignored elsewhere)."""
+
+    name: str = Field(description="Preset/deployment name, used in logs and outputs.")
+    engine: EngineConfig
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+    sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
+    input: str | None = Field(
+        None, description="Job input: s3:// or local prefix/glob of JSONL/Parquet shards."
+    )
+    output: str | None = Field(None, description="Job output prefix (s3:// or local).")
+    s3_endpoint_url: str | None = Field(
+        None, description="S3 endpoint for a non-AWS store, e.g. http://127.0.0.1:5555."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "AppConfig":
+        tp = self.engine.tensor_parallel_size
+        if self.pool.device == "cpu" and tp != 1:
+            raise ValueError(f"engine.tensor_parallel_size must be 1 on CPU, got {tp!r}")
+        if self.pool.device == "gpu" and self.pool.gpus_per_node and tp > self.pool.gpus_per_node:
+            raise ValueError(
+                f"engine.tensor_parallel_size ({tp!r}) exceeds pool.gpus_per_node "
+                f"({self.pool.gpus_per_node!r}); one engine must fit on one node"
+            )
+        if self.pool.device == "cpu" and self.engine.kv_cache_memory_bytes is None:
+            raise ValueError(
+                "engine.kv_cache_memory_bytes is required on CPU (got None); vLLM would "
+                "otherwise reserve most of the machine's RAM"
+            )
+        return self

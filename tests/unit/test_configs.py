@@ -1,0 +1,137 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from configs import ConfigError, load_config, preset_names, resource_plan, to_vllm_kwargs
+
+pytestmark = pytest.mark.unit
+
+GPU_PRESETS = {
+    # preset: (expected head, expected tensor-parallel size per actor)
+    "qwen3-coder-30b-a3b-b200": ("amazon/Qwen3-Coder-30B-A3B-Instruct-P-EAGLE", 1),
+    "gpt-oss-20b-b200": ("amazon/GPT-OSS-20B-P-EAGLE", 1),
+    "gpt-oss-120b-b200": ("amazon/gpt-oss-120b-p-eagle", 2),
+    "gemma-4-31b-it-b200": ("amazon/Gemma-4-31B-IT-P-EAGLE", 1),
+}
+
+
+def run_job(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "jobs.humaneval_pool", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("preset", sorted(GPU_PRESETS))
+def test_dry_run_shows_peagle_head_k_and_tp_for_gpu_presets(preset):
+    proc = run_job("--config", preset, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    spec = report["vllm_kwargs"]["speculative_config"]
+    head, tp = GPU_PRESETS[preset]
+    assert spec["method"] == "eagle3" and spec["parallel_drafting"] is True
+    assert spec["model"] == head
+    assert spec["num_speculative_tokens"] == 7
+    assert report["vllm_kwargs"]["tensor_parallel_size"] == tp
+    plan = report["resource_plan"]
+    assert plan["gpus_per_actor"] == tp and plan["actors_per_node"] == 8 // tp
+    assert report["vllm_kwargs"]["kv_cache_dtype"] == "fp8"
+
+
+def test_dry_run_override_changes_k_and_head():
+    proc = run_job(
+        "--config", "gemma-4-31b-it-b200", "--dry-run",
+        "engine.spec.num_speculative_tokens=5", "engine.spec.head=/heads/gemma4",
+    )
+    assert proc.returncode == 0, proc.stderr
+    spec = json.loads(proc.stdout)["vllm_kwargs"]["speculative_config"]
+    assert spec["num_speculative_tokens"] == 5 and spec["model"] == "/heads/gemma4"
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("engine.spec.num_speculative_tokens=0", "num_speculative_tokens"),
+        ("engine.spec.num_speculative_tokens=-2", "-2"),
+        ("engine.bogus_key=1", "engine.bogus_key"),
+        ("pool.colour=red", "pool.colour"),
+    ],
+)
+def test_bad_override_is_refused_naming_it(override, named):
+    proc = run_job("--config", "tiny", "--dry-run", override)
+    assert proc.returncode == 2
+    assert named in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_unknown_key_in_yaml_file_is_refused(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("name: x\nengine: {model: m, max_num_seq: 4, kv_cache_memory_bytes: 1}\n")
+    with pytest.raises(ConfigError, match="engine.max_num_seq"):
+        load_config(str(path))
+
+
+def test_every_preset_loads_and_plans():
+    assert {"tiny", *GPU_PRESETS} <= set(preset_names())
+    for name in preset_names():
+        cfg = load_config(name)
+        kwargs = to_vllm_kwargs(cfg.engine)
+        assert kwargs["max_model_len"] == cfg.engine.max_model_len
+        assert resource_plan(cfg).max_actors == cfg.pool.max_actors
+
+
+def test_spec_methods_map_to_vllm_keys():
+    peagle = to_vllm_kwargs(load_config("tiny").engine)["speculative_config"]
+    assert peagle["method"] == "eagle3" and peagle["parallel_drafting"] is True
+    eagle3 = to_vllm_kwargs(
+        load_config("tiny", ["engine.spec.method=eagle3"]).engine
+    )["speculative_config"]
+    assert eagle3["method"] == "eagle3" and "parallel_drafting" not in eagle3
+    ngram = to_vllm_kwargs(
+        load_config("tiny", ["engine.spec.method=ngram", "engine.spec.head=null"]).engine
+    )["speculative_config"]
+    assert ngram["method"] == "ngram" and ngram["prompt_lookup_max"] == 4
+    off = to_vllm_kwargs(
+        load_config(
+            "tiny", ["engine.spec={method: none}"]
+        ).engine
+    )
+    assert "speculative_config" not in off
+
+
+def test_schedule_is_validated_and_passed_through():
+    cfg = load_config("tiny", ["engine.spec.schedule=[[1, 4, 4], [5, 64, 2], [65, 1024, 0]]"])
+    spec = to_vllm_kwargs(cfg.engine)["speculative_config"]
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 4, 4], [5, 64, 2], [65, 1024, 0]]
+    with pytest.raises(ConfigError, match="contiguous"):
+        load_config("tiny", ["engine.spec.schedule=[[2, 4, 4]]"])
+    with pytest.raises(ConfigError, match="got 9"):
+        load_config("tiny", ["engine.spec.schedule=[[1, 4, 9]]"])
+
+
+def test_extra_engine_kwargs_cannot_shadow_typed_fields():
+    cfg = load_config("tiny", ["engine.extra_engine_kwargs={max_model_len: 99}"])
+    with pytest.raises(ValueError, match="max_model_len"):
+        to_vllm_kwargs(cfg.engine)
+
+
+def test_cpu_pool_requires_kv_cache_size_and_tp1():
+    with pytest.raises(ConfigError, match="kv_cache_memory_bytes"):
+        load_config("tiny", ["engine.kv_cache_memory_bytes=null"])
+    with pytest.raises(ConfigError, match="tensor_parallel_size must be 1 on CPU, got 2"):
+        load_config("tiny", ["engine.tensor_parallel_size=2"])
+
+
+def test_importing_config_and_job_cli_does_not_import_vllm_or_torch():
+    code = (
+        "import sys, configs, jobs.cli, actors, actors.requests, actors.spec_stats, pipelines;"
+        "configs.load_config('qwen3-coder-30b-a3b-b200');"
+        "heavy = [m for m in ('vllm', 'torch', 'ray') if m in sys.modules];"
+        "print(heavy); sys.exit(1 if heavy else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
