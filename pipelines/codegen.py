@@ -1,0 +1,57 @@
+"""The batch code-generation pipeline, as a lazy Ray Data builder.
+
+shards --(ReadShard: read + parse, CPU tasks)--> rows --(EngineStage: actor pool of
+vLLM engines, min..max from pool config)--> rows with results.
+Only chains transforms: never calls ray.init, never touches S3 itself, never
+materializes. The job iterates the dataset into `pipelines.sink.ShardCommitter`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from configs.plan import resource_plan
+from configs.schema import AppConfig
+from pipelines.stages import CONCURRENT_BATCHES_PER_ACTOR, EngineStage, ReadShard
+from pipelines.storage import FsSpec, Shard
+
+if TYPE_CHECKING:
+    import ray.data
+
+# Reading and parsing is light; a fraction of a CPU keeps it from competing with the
+# engines for whole cores on small nodes.
+READ_CPUS = 0.25
+
+
+def engine_batch_size(cfg: AppConfig) -> int:
+    """Rows per engine batch, so that the batches one actor runs at once add up to
+    `pool.max_requests_in_flight` requests in the engine."""
+    return max(1, math.ceil(cfg.pool.max_requests_in_flight / CONCURRENT_BATCHES_PER_ACTOR))
+
+
+def build_codegen_dataset(
+    cfg: AppConfig,
+    shards: list[Shard],
+    fs_spec: FsSpec,
+    stage_cls: type = EngineStage,
+) -> "ray.data.Dataset":
+    import ray.data
+
+    plan = resource_plan(cfg)
+    items = [{"shard": s.name, "uri": s.uri, "format": s.format} for s in shards]
+    ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
+    ds = ds.flat_map(ReadShard(fs_spec), num_cpus=READ_CPUS)
+    remote_args = {}
+    if plan.accelerator_type:
+        remote_args["accelerator_type"] = plan.accelerator_type
+    return ds.map_batches(
+        stage_cls,
+        fn_constructor_kwargs={"cfg": cfg.model_dump(mode="json")},
+        compute=ray.data.ActorPoolStrategy(min_size=plan.min_actors, max_size=plan.max_actors),
+        batch_size=engine_batch_size(cfg),
+        batch_format="numpy",
+        num_cpus=plan.cpus_per_actor,
+        num_gpus=plan.gpus_per_actor,
+        **remote_args,
+    )

@@ -1,0 +1,103 @@
+"""Driver-side sink: collects streamed rows per shard and commits each shard exactly once.
+
+Ray Data's own writers name files per block, so they cannot say "shard X is complete";
+this sink can, because every row carries its shard and the shard's row count. When the
+last row of a shard arrives, its results and errors are written, then its commit marker
+(`pipelines.storage.OutputStore.commit_shard`). A row seen twice (a retried task) counts
+once, keyed by (shard, line_no); a custom_id already committed is turned into a
+`duplicate_custom_id` error so no id appears twice across committed outputs.
+Memory holds only shards in flight. Knows nothing about engines or Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from actors.spec_stats import SpecDecodeStats
+from pipelines.rows import error_line, response_line
+from pipelines.storage import OutputStore
+
+log = logging.getLogger(__name__)
+
+
+class ShardCommitter:
+    def __init__(self, store: OutputStore, model_name: str, seen_ids: set[str]):
+        self.store = store
+        self.model_name = model_name
+        self.seen_ids = set(seen_ids)
+        self.pending: dict[str, dict[int, dict[str, Any]]] = {}
+        self.expected: dict[str, int] = {}
+        self.engine_stats: dict[str, dict[str, Any]] = {}
+        self.markers: dict[str, dict[str, Any]] = {}
+        self.num_rows_seen = 0
+
+    def add(self, row: dict[str, Any]) -> str | None:
+        """Take one streamed row; returns the shard name if this row completed it."""
+        shard = row["shard"]
+        if shard in self.markers:
+            return None  # late duplicate of a retried task
+        if row.get("engine_key"):
+            self.engine_stats[row["engine_key"]] = json.loads(row["engine_stats"])
+        rows = self.pending.setdefault(shard, {})
+        if row["line_no"] not in rows:
+            self.num_rows_seen += 1
+        rows[row["line_no"]] = row
+        self.expected[shard] = row["shard_rows"]
+        if len(rows) == self.expected[shard]:
+            self._commit(shard)
+            return shard
+        return None
+
+    def commit_empty(self, shard: str) -> None:
+        self.pending.setdefault(shard, {})
+        self.expected[shard] = 0
+        self._commit(shard)
+
+    def _commit(self, shard: str) -> None:
+        results, errors = [], []
+        prompt_tokens = output_tokens = 0
+        for line_no, row in sorted(self.pending.pop(shard).items()):
+            cid = row["custom_id"]
+            if row["error"] is None and cid in self.seen_ids:
+                row = {**row, "error": json.dumps({
+                    "reason": "duplicate_custom_id",
+                    "message": f"custom_id {cid!r} already appears earlier in the job's output",
+                })}
+            if row["error"] is not None:
+                err = json.loads(row["error"])
+                errors.append(error_line(cid, err["reason"], err["message"], line_no))
+            else:
+                result = json.loads(row["result"])
+                results.append(response_line(cid, row["kind"], result, self.model_name))
+                prompt_tokens += result["num_prompt_tokens"]
+                output_tokens += result["num_output_tokens"]
+            if cid is not None:
+                self.seen_ids.add(cid)
+        marker = {
+            "shard": shard,
+            "rows": len(results) + len(errors),
+            "ok": len(results),
+            "errors": len(errors),
+            "prompt_tokens": prompt_tokens,
+            "output_tokens": output_tokens,
+            "committed_at": time.time(),
+        }
+        self.store.commit_shard(shard, results, errors, marker)
+        self.markers[shard] = marker
+        log.info("committed shard %s: %d ok, %d errors", shard, len(results), len(errors))
+
+    @property
+    def incomplete(self) -> dict[str, tuple[int, int]]:
+        """Shards with rows still missing: name -> (seen, expected)."""
+        return {s: (len(r), self.expected[s]) for s, r in self.pending.items()}
+
+    def spec_stats(self) -> SpecDecodeStats:
+        """The engines' counters as last reported, summed (each engine reports cumulative
+        values; a restarted engine reports under a new key, so nothing is lost)."""
+        total = SpecDecodeStats()
+        for data in self.engine_stats.values():
+            total = total.merge(SpecDecodeStats.from_dict(data))
+        return total

@@ -1,0 +1,36 @@
+"""Fixtures for integration tests: the tiny models (built if missing), a local Ray with
+more logical CPUs than cores (Ray Data's extra stages would otherwise wait for a free
+CPU behind the engine actors), and a moto S3 server on 127.0.0.1."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_models():
+    from models.build_tiny import default_artifacts_dir, ensure_built
+
+    out = default_artifacts_dir()
+    ensure_built(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def s3():
+    from jobs.local_s3 import LocalS3
+
+    with LocalS3() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def ray_local(s3):
+    # S3 first: its credentials are in os.environ before Ray's workers inherit it.
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield ray
+    ray.shutdown()
