@@ -44,8 +44,8 @@ def run_codegen(cfg: AppConfig, stage_cls: type | None = None) -> dict[str, Any]
     if todo:
         ds = build_codegen_dataset(cfg, todo, fs_spec, stage_cls or EngineStage)
         last_report = time.monotonic()
-        for batch in ds.iter_batches(batch_format="pandas", batch_size=None):
-            for row in batch.to_dict("records"):
+        for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+            for row in batch.to_pylist():
                 committer.add(row)
             if time.monotonic() - last_report >= PROGRESS_EVERY_S:
                 last_report = time.monotonic()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import time
 from typing import Any
@@ -105,5 +106,10 @@ class EngineStage:
 
 
 def _plain(row: dict[str, Any]) -> dict[str, Any]:
-    """numpy scalars -> Python values (Ray Data hands numpy batches)."""
-    return {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+    """numpy scalars -> Python values (Ray Data hands numpy batches). A column that is
+    null in every row of a block arrives as float NaN; it means None."""
+    out = {}
+    for key, value in row.items():
+        value = value.item() if hasattr(value, "item") else value
+        out[key] = None if isinstance(value, float) and math.isnan(value) else value
+    return out

@@ -14,7 +14,7 @@ class DieOnceEngineStage(EngineStage):
     """Kills its own actor process on its second batch, the first time any actor gets
     there (a marker file records that it happened)."""
 
-    marker_path: str = ""
+    marker_path: str = ""  # set by the test before the class is shipped to workers
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -22,7 +22,7 @@ class DieOnceEngineStage(EngineStage):
 
     async def __call__(self, batch):
         self.calls += 1
-        marker = Path(os.environ["PEAGLE_TEST_DIE_MARKER"])
+        marker = Path(self.marker_path)
         if self.calls == 2 and not marker.exists():
             marker.write_text(str(os.getpid()))
             os._exit(1)

@@ -100,7 +100,7 @@ def test_engine_actor_that_dies_is_replaced_and_its_rows_redone(s3, bucket, ray_
 
     ray.cloudpickle.register_pickle_by_value(faults)
     marker = tmp_path / "died"
-    os.environ["PEAGLE_TEST_DIE_MARKER"] = str(marker)
+    faults.DieOnceEngineStage.marker_path = str(marker)
     problems = _upload_humaneval(s3, f"{bucket}/die/in", num_shards=2, limit=40)
     summary = run_codegen(
         _cfg(s3, f"{bucket}/die/in", f"{bucket}/die/out", "sampling.max_tokens=8", "pool.max_requests_in_flight=8"),
