@@ -23,7 +23,7 @@ artifacts/tiny/build_info.json: $(STAMP)
 	$(PY) -m models.build_tiny --out artifacts/tiny
 
 demo: install
-	$(PY) -m jobs.humaneval_pool --config tiny
+	$(PY) -m jobs.demo
 
 test: install
 	$(PY) -m pytest -q

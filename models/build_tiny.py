@@ -12,6 +12,13 @@ Knows nothing about vLLM: the directories are checked against vLLM by
 
 Same seed on the same machine → byte-identical files (the tokenizer corpus is this
 interpreter's standard library, so another Python version trains other merges).
+
+Trained builds: `models.export` writes trained tensors through the same `build()`
+(`trained=...`); their `build_info.json` says `"trained": true`. Without `force`, a
+build never replaces a complete trained build (any seed), and refuses to replace a
+trained build whose files no longer match their recorded sha256 (restore it with
+git, or retrain with `python -m models.train_all`), so `make install` and
+`ensure_built()` leave the committed trained models alone.
 """
 
 from __future__ import annotations
@@ -92,7 +99,25 @@ def is_built(out_dir: Path, seed: int = 0, spec: TinySpec | None = None) -> bool
     return bool(info.get("files"))
 
 
-def _build_into(out_dir: Path, seed: int, spec: TinySpec) -> dict:
+def is_trained_build(out_dir: Path) -> bool:
+    """True when out_dir's build_info.json records a trained build (complete or not)."""
+    info = _read_info(Path(out_dir))
+    return bool(info and info.get("trained"))
+
+
+def _files_intact(out_dir: Path, info: dict) -> bool:
+    files = info.get("files", {})
+    return bool(files) and all(
+        (Path(out_dir) / rel).is_file()
+        and layout.sha256_file(Path(out_dir) / rel) == entry["sha256"]
+        for rel, entry in files.items()
+    )
+
+
+def _build_into(out_dir: Path, seed: int, spec: TinySpec, trained: dict | None = None) -> dict:
+    """Random tensors for seed, or (trained) the given ones: `trained` maps "target",
+    "peagle-head", "eagle3-head" to float32 numpy tensors and "training" to a summary
+    recorded in build_info.json."""
     from models import weights
     from models.tokenizer import MASK_TOKEN, SPECIAL_TOKEN_IDS, train_tokenizer
 
@@ -114,7 +139,7 @@ def _build_into(out_dir: Path, seed: int, spec: TinySpec) -> dict:
         _log(f"{name}: {num_params[name] / 1e6:.2f}M params, "
              f"{files[rel]['num_bytes'] / 2**20:.1f} MiB -> {weights_path.parent.name}/")
 
-    target = weights.target_weights(spec, seed)
+    target = trained["target"] if trained else weights.target_weights(spec, seed)
     record("target", layout.write_target_dir(
         out_dir / layout.TARGET_DIRNAME, spec, tokenizer, target), target)
     tokenizer_path = out_dir / layout.TARGET_DIRNAME / "tokenizer.json"
@@ -126,7 +151,8 @@ def _build_into(out_dir: Path, seed: int, spec: TinySpec) -> dict:
         ("peagle-head", layout.PEAGLE_HEAD_DIRNAME, True),
         ("eagle3-head", layout.EAGLE3_HEAD_DIRNAME, False),
     ):
-        head = weights.head_weights(spec, seed, parallel_drafting=parallel)
+        head = (trained[name] if trained
+                else weights.head_weights(spec, seed, parallel_drafting=parallel))
         record(name, layout.write_head_dir(out_dir / dirname, spec, head, parallel), head)
 
     info = {
@@ -144,13 +170,20 @@ def _build_into(out_dir: Path, seed: int, spec: TinySpec) -> dict:
         "num_params": num_params,
         "files": files,
     }
+    if trained:
+        info["trained"] = True
+        info["training"] = trained["training"]
     write_json(out_dir / layout.BUILD_INFO_FILENAME, info)
     return info
 
 
 def build(out_dir: Path, seed: int = 0, force: bool = False,
-          spec: TinySpec | None = None) -> TinyArtifacts:
+          spec: TinySpec | None = None, trained: dict | None = None) -> TinyArtifacts:
     """Build into out_dir unless it already holds this seed's build (or force).
+
+    With `trained` (see `_build_into`), always writes those tensors. Without force,
+    a complete trained build already in out_dir is kept whatever the seed, and a
+    damaged trained build is an error rather than silently replaced by random weights.
 
     Builds in a sibling temporary directory and swaps it in, under a lock file
     next to out_dir, so concurrent callers build once and readers never see a
@@ -164,15 +197,26 @@ def build(out_dir: Path, seed: int = 0, force: bool = False,
     lock_path = out_dir.parent / f".{out_dir.name}.lock"
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not force and is_built(out_dir, seed, spec):
+        info = _read_info(out_dir)
+        if not force and trained is None and info and info.get("trained"):
+            if not _files_intact(out_dir, info):
+                raise RuntimeError(
+                    f"{out_dir} holds a trained build whose files do not match "
+                    f"build_info.json; restore it (git checkout -- {out_dir}) or "
+                    "retrain (python -m models.train_all), or pass force to replace "
+                    "it with random weights"
+                )
+            _log(f"trained build present, left alone: {out_dir}")
+            return TinyArtifacts(out_dir, info)
+        if not force and trained is None and is_built(out_dir, seed, spec):
             _log(f"up to date: {out_dir} (seed {seed})")
-            return TinyArtifacts(out_dir, _read_info(out_dir) or {})
+            return TinyArtifacts(out_dir, info or {})
         started = time.monotonic()
         _log(f"building {out_dir} (seed {seed})")
         tmp_dir = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp_dir, ignore_errors=True)
         try:
-            info = _build_into(tmp_dir, seed, spec)
+            info = _build_into(tmp_dir, seed, spec, trained)
             if out_dir.exists():
                 old_dir = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
                 out_dir.rename(old_dir)
@@ -187,7 +231,8 @@ def build(out_dir: Path, seed: int = 0, force: bool = False,
 
 
 def ensure_built(out_dir: Path | str | None = None, seed: int = 0) -> TinyArtifacts:
-    """The tiny models for this seed, built first if missing or stale."""
+    """The tiny models: a trained build when one is there, else this seed's random
+    build (built first if missing or stale)."""
     return build(Path(out_dir) if out_dir is not None else default_artifacts_dir(), seed)
 
 
@@ -200,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="output directory (default: <repo>/artifacts/tiny)")
     parser.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
     parser.add_argument("--force", action="store_true",
-                        help="rebuild even when build_info.json matches the seed")
+                        help="rebuild (random weights) even when build_info.json matches "
+                             "the seed or records a trained build")
     args = parser.parse_args(argv)
     if args.seed < 0:
         parser.error(f"--seed must be >= 0, got {args.seed!r}")

