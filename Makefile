@@ -5,7 +5,7 @@ PIP     := .venv/bin/pip
 STAMP   := .venv/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 EXTRA   ?= cpu
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo serve test test-fast bench clean
 
 install: $(STAMP) artifacts/tiny/build_info.json
 
@@ -24,6 +24,9 @@ artifacts/tiny/build_info.json: $(STAMP)
 
 demo: install
 	$(PY) -m jobs.demo
+
+serve: install
+	.venv/bin/serve run configs/serve/tiny.yaml
 
 test: install
 	$(PY) -m pytest -q

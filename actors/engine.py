@@ -200,6 +200,30 @@ class Engine:
             "latency_s": time.monotonic() - started,
         }
 
+    # -- online (OpenAI-compatible HTTP) -----------------------------------------------
+
+    async def openai_app(self, served_model_name: str):
+        """vLLM's own OpenAI-compatible FastAPI app (/v1/models, /v1/completions,
+        /v1/chat/completions with streaming, usage and OpenAI error bodies, /health,
+        /metrics) bound to THIS engine, so online requests and `generate` calls share
+        one scheduler. Online requests use vLLM's default priority 0; `generate` uses
+        the request's (batch rows: 1), so online goes first."""
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.entrypoints.launchers.app import build_app
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        argv = ["--model", self.kwargs["model"], "--served-model-name", served_model_name]
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+        tasks = await self._llm.get_supported_tasks()
+        app = build_app(args, tasks, self._llm.model_config)
+        await init_app_state(self._llm, app.state, args, tasks)
+        return app
+
+    async def check_health(self) -> None:
+        """Raises if the engine loop has died."""
+        await self._llm.check_health()
+
     # -- introspection -----------------------------------------------------------------
 
     def stats_dict(self) -> dict[str, Any]:

@@ -126,8 +126,15 @@ def run_bare(cfg: AppConfig, prompts: list[tuple[str, str]], args) -> dict[str, 
     ready = time.monotonic()
     outputs = llm.generate([p for _, p in prompts], SamplingParams(**sampling_values(cfg)), use_tqdm=False)
     done = time.monotonic()
+    counters: dict[str, int] = {}
+    for metric in llm.get_metrics():  # cumulative, summed over label sets
+        if type(metric).__name__ == "Counter":
+            counters[metric.name] = counters.get(metric.name, 0) + metric.value
+    drafts = counters.get("vllm:spec_decode_num_drafts", 0)
     return {
         "texts": {tid: o.outputs[0].text for (tid, _), o in zip(prompts, outputs)},
+        "mean_acceptance_length": (1 + counters["vllm:spec_decode_num_accepted_tokens"] / drafts
+                                   if drafts else None),
         "num_output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
         "num_prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
         "num_errors": 0,
@@ -288,6 +295,7 @@ def run_arm(args: argparse.Namespace, arm: str, tmp: Path, log_dir: Path) -> dic
     env = {**os.environ, "RAY_DATA_DISABLE_PROGRESS_BARS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)  # each Ray arm starts its own local cluster
     print(f"[bench] {arm}: start (log {log_path})", flush=True)
+    load_start = os.getloadavg()[0]
     started = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(_child_command(args, arm, result, workdir), cwd=REPO_ROOT, env=env,
@@ -298,15 +306,18 @@ def run_arm(args: argparse.Namespace, arm: str, tmp: Path, log_dir: Path) -> dic
             _stop_group(proc)
             rc = None
     wall_s = time.monotonic() - started
+    # Other work on the machine skews an arm; the 1-minute load average says how busy it was.
+    load = {"load_1m_start": round(load_start, 2), "load_1m_end": round(os.getloadavg()[0], 2)}
     if rc != 0 or not result.exists():
         why = f"timed out after {args.arm_timeout_s:.0f}s" if rc is None else f"exit status {rc}"
         tail = "".join(open(log_path, errors="replace").readlines()[-15:])
         print(f"[bench] {arm}: FAILED ({why}); last log lines:\n{tail}", flush=True)
-        return {"arm": arm, "failed": why, "wall_s": wall_s}
-    out = {"arm": arm, **json.loads(result.read_text()), "wall_s": wall_s}
+        return {"arm": arm, "failed": why, "wall_s": wall_s, **load}
+    out = {"arm": arm, **json.loads(result.read_text()), "wall_s": wall_s, **load}
     out["output_tokens_per_s"] = out["num_output_tokens"] / out["generation_s"]
     print(f"[bench] {arm}: done in {wall_s:.0f}s: {len(out['texts'])} completions, "
-          f"{out['num_output_tokens']} output tokens, {out['output_tokens_per_s']:.0f} tok/s", flush=True)
+          f"{out['num_output_tokens']} output tokens, {out['output_tokens_per_s']:.0f} tok/s "
+          f"(load {load['load_1m_start']:.1f} -> {load['load_1m_end']:.1f})", flush=True)
     return out
 
 
@@ -343,9 +354,12 @@ def compare(results: dict[str, dict[str, Any]], num_prompts: int) -> list[dict[s
             "e2e_tokens_per_s": round(r["num_output_tokens"] / r["e2e_s"], 1),
             "startup_s": round(r["e2e_s"] - r["generation_s"], 2),
             "ray_init_s": round(r["ray_init_s"], 2) if "ray_init_s" in r else None,
+            "mean_acceptance_length": r.get("mean_acceptance_length"),
             "same_text_as_bare": (sum(bare_texts.get(t) == x for t, x in r["texts"].items())
                                   if bare_texts is not None else None),
             "complete": len(r["texts"]) == num_prompts and r["num_errors"] == 0,
+            "load_1m_start": r["load_1m_start"],
+            "load_1m_end": r["load_1m_end"],
         }
         for ref in ("bare", "ray_data_llm"):
             if ref in ok:

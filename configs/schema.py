@@ -204,6 +204,44 @@ class SamplingDefaults(StrictModel):
     stop: list[str] = Field(default_factory=list, description="Stop strings.")
 
 
+class ServeConfig(StrictModel):
+    """The online door: a Ray Serve app whose replicas are the engine actors (one engine
+    each, resources from `pool`). Replicas scale between pool.min_actors and
+    pool.max_actors."""
+
+    app_name: str = Field("peagle", description="Serve application name; batch jobs find it by this.")
+    route_prefix: str = Field("/", description="HTTP route prefix of the app.")
+    max_ongoing_requests: int = Field(
+        64, ge=1, description="Requests (online + batch) one replica admits at once. "
+        "Keep >= engine.max_num_seqs so the engine can fill its batch."
+    )
+    batch_share: float = Field(
+        0.75, gt=0, le=1, description="Fraction of max_ongoing_requests batch rows may hold; "
+        "the rest is reserved for online traffic. Lower = snappier online under batch load, "
+        "less batch throughput."
+    )
+    target_ongoing_requests: float = Field(
+        48, gt=0, description="Autoscaling target per replica (Serve scales replicas to keep "
+        "ongoing requests near this)."
+    )
+    max_request_bytes: int = Field(
+        1 << 20, ge=1024, description="Largest HTTP request body accepted (413 above it)."
+    )
+    api_key_env: str = Field(
+        "PEAGLE_API_KEY", description="Environment variable holding the API key; when set on "
+        "the replicas, requests without `Authorization: Bearer <key>` get 401."
+    )
+
+
+class BatchClientConfig(StrictModel):
+    """How a batch job feeds a shared Serve app: an adaptive in-flight window that backs
+    off when the app says it is busy, so batch soaks up spare capacity only."""
+
+    initial_in_flight: int = Field(8, ge=1, description="Rows in flight per client at start.")
+    max_in_flight: int = Field(64, ge=1, description="Upper bound of the adaptive window.")
+    max_backoff_s: float = Field(5.0, gt=0, description="Longest wait between retries of a busy row.")
+
+
 class AppConfig(StrictModel):
     """A whole deployment: the engine, the pool that runs it, request defaults, and the
     job's input/output (used by batch jobs, ignored elsewhere)."""
@@ -219,6 +257,12 @@ class AppConfig(StrictModel):
     s3_endpoint_url: str | None = Field(
         None, description="S3 endpoint for a non-AWS store, e.g. http://127.0.0.1:5555."
     )
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    serve_app: str | None = Field(
+        None, description="Batch jobs only: name of a running Serve app to send rows to (its "
+        "replicas are shared with online traffic). None = start the job's own engines."
+    )
+    batch_client: BatchClientConfig = Field(default_factory=BatchClientConfig)
 
     @model_validator(mode="after")
     def _check(self) -> "AppConfig":

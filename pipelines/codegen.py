@@ -2,6 +2,8 @@
 
 shards --(ReadShard: read + parse, CPU tasks)--> rows --(EngineStage: actor pool of
 vLLM engines, min..max from pool config)--> rows with results.
+With `serve_app` set, the engine step is `ServeStage` instead: rows go to the replicas of
+a running Serve app, shared with online traffic (see `serving.app`).
 Only chains transforms: never calls ray.init, never touches S3 itself, never
 materializes. The job iterates the dataset into `pipelines.sink.ShardCommitter`.
 """
@@ -42,6 +44,8 @@ def build_codegen_dataset(
     items = [{"shard": s.name, "uri": s.uri, "format": s.format} for s in shards]
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.flat_map(ReadShard(fs_spec), num_cpus=READ_CPUS)
+    if cfg.serve_app:
+        return _via_serve(ds, cfg)
     remote_args = {}
     if plan.accelerator_type:
         remote_args["accelerator_type"] = plan.accelerator_type
@@ -54,4 +58,24 @@ def build_codegen_dataset(
         num_cpus=plan.cpus_per_actor,
         num_gpus=plan.gpus_per_actor,
         **remote_args,
+    )
+
+
+# A client actor only waits on handles; a fraction of a CPU is plenty.
+SERVE_CLIENT_CPUS = 0.25
+
+
+def _via_serve(ds: "ray.data.Dataset", cfg: AppConfig) -> "ray.data.Dataset":
+    """Rows go to a running Serve app's replicas (shared with online traffic)."""
+    import ray.data
+
+    from pipelines.serve_stage import ServeStage
+
+    return ds.map_batches(
+        ServeStage,
+        fn_constructor_kwargs={"cfg": cfg.model_dump(mode="json")},
+        compute=ray.data.ActorPoolStrategy(size=1),
+        batch_size=max(1, math.ceil(cfg.batch_client.max_in_flight / CONCURRENT_BATCHES_PER_ACTOR)),
+        batch_format="numpy",
+        num_cpus=SERVE_CLIENT_CPUS,
     )

