@@ -249,3 +249,72 @@ class Engine:
 
     def shutdown(self) -> None:
         self._llm.shutdown()
+
+    # -- scoring -----------------------------------------------------------------------
+
+    async def score(
+        self,
+        request_id: str,
+        prompt: str,
+        completion: str,
+        num_top_logprobs: int = 0,
+        priority: int = 1,
+    ) -> dict[str, Any]:
+        """Log-probability of each `completion` token given everything before it.
+
+        The scored sequence is `encode(prompt)` (exactly as `generate` tokenizes a raw
+        prompt) followed by `encode(completion, add_special_tokens=False)`: the split
+        between prompt and completion is a token boundary by construction, and the
+        completion's tokens are the ones a generation of that text after this prompt
+        would consist of when the tokenizer round-trips it. It can differ from
+        `encode(prompt + completion)` when a token would straddle the boundary (e.g. a
+        prompt ending in a space); score whole tokens, not text.
+
+        One prefill with vLLM prompt log-probs (`max_tokens=1`; the one sampled token is
+        discarded). Log-probs are the target model's raw ones (vLLM's default
+        `logprobs_mode`), before any sampling transform; prefix-cache reads are skipped
+        for such requests, so every position is computed. Speculative decoding, when
+        configured, never verifies a draft here (no decode step follows), so it cannot
+        change a score; at most the draft head proposes once after the prefill.
+        Never raises for a bad row: returns `ok: False` with a reason instead.
+        """
+        from vllm import SamplingParams, TokensPrompt
+
+        prompt_ids = self._tokenizer.encode(prompt)
+        completion_ids = self._tokenizer.encode(completion, add_special_tokens=False)
+        token_ids = prompt_ids + completion_ids
+        if not prompt_ids:
+            return error_result(request_id, "empty_prompt", "the prompt has no tokens to condition on")
+        if not completion_ids:
+            return error_result(request_id, "empty_completion", "the completion has no tokens to score")
+        if len(token_ids) >= self.max_model_len:
+            return error_result(request_id, "too_long", f"prompt + completion is {len(token_ids)} tokens, "
+                                f"max_model_len is {self.max_model_len} (one slot is needed for the discarded token)")
+        try:
+            params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=num_top_logprobs,
+                                    detokenize=num_top_logprobs > 0)
+        except (ValueError, TypeError) as exc:
+            return error_result(request_id, "invalid_request", f"num_top_logprobs={num_top_logprobs!r}: {exc}")
+        final = None
+        try:
+            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=token_ids), params,
+                                                f"{request_id}-score-{uuid.uuid4().hex[:12]}", priority=priority):
+                final = out
+        except Exception as exc:  # the engine failed this row; the caller decides on retry
+            log.warning("score %s failed in the engine: %r", request_id, exc)
+            return error_result(request_id, "engine_error", f"{type(exc).__name__}: {exc}")
+        positions = final.prompt_logprobs[len(prompt_ids):]
+        result: dict[str, Any] = {
+            "id": request_id,
+            "ok": True,
+            "num_prompt_tokens": len(prompt_ids),
+            "token_ids": completion_ids,
+            "token_logprobs": [pos[tid].logprob for pos, tid in zip(positions, completion_ids)],
+        }
+        if num_top_logprobs:
+            result["top_logprobs"] = [
+                [[tid, lp.logprob, lp.decoded_token] for tid, lp in sorted(pos.items(), key=lambda kv: kv[1].rank)
+                 if lp.rank <= num_top_logprobs]
+                for pos in positions
+            ]
+        return result

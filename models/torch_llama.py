@@ -147,9 +147,11 @@ class TinyLlama(nn.Module):
                 std = residual_std if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
 
-    def forward(self, input_ids: torch.Tensor, aux_layer_ids: tuple[int, ...] = ()):
-        """logits [B, S, V] and, if asked, aux hidden states concatenated [B, S, n·H]
-        in sorted id order (vLLM sorts and de-duplicates them the same way)."""
+    def forward(self, input_ids: torch.Tensor, aux_layer_ids: tuple[int, ...] = (),
+                last_only: bool = False):
+        """logits [B, S, V] (last_only: [B, 1, V]) and, if asked, aux hidden states
+        concatenated [B, S, n·H] in sorted id order (vLLM sorts and de-duplicates
+        them the same way)."""
         b, s = input_ids.shape
         positions = torch.arange(s, device=input_ids.device)
         x = self.model.embed_tokens(input_ids)
@@ -161,6 +163,8 @@ class TinyLlama(nn.Module):
             x = layer(x, positions)
         if len(self.model.layers) in wanted:
             aux.append(x)
+        if last_only:
+            x = x[:, -1:]
         logits = self.lm_head(self.model.norm(x))
         return logits, (torch.cat(aux, dim=-1) if aux else None)
 
@@ -176,7 +180,7 @@ def greedy_generate(model: TinyLlama, prompts: torch.Tensor, num_new_tokens: int
     """
     seqs = prompts
     for _ in range(num_new_tokens):
-        logits, _ = model(seqs)
+        logits, _ = model(seqs, last_only=True)
         last = logits[:, -1].float()
         if banned_ids:
             last[:, list(banned_ids)] = float("-inf")

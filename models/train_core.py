@@ -40,8 +40,8 @@ from models.train_target import TargetConfig, train_target
 BUDGETS: dict[str, tuple[TargetConfig, HeadConfig]] = {
     "full": (
         TargetConfig(steps=3000, batch_size=32, seq_len=1024, max_seconds=140.0, log_every=250),
-        HeadConfig(steps=1500, batch_size=16, seq_len=512, num_generated=1024, prompt_len=128,
-                   max_seconds=75.0, log_every=100),
+        HeadConfig(steps=3000, batch_size=16, seq_len=512, num_generated=1024, prompt_len=128,
+                   max_seconds=150.0, log_every=250),
     ),
     "smoke": (
         TargetConfig(steps=40, batch_size=8, seq_len=128, peak_lr=5e-3, max_seconds=30.0,

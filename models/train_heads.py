@@ -11,7 +11,9 @@ Layouts mirror what vLLM 0.32 feeds the head (`v1/spec_decode/llm_base_proposer.
 - P-EAGLE, one pass: depth-0 slots at every anchor (token x[a+1], fc(target aux at a),
   position a); depth d = 1..K-1 slots use the `<|mask|>` embedding and fc(mask_hidden)
   at position a + d. Deeper depths keep a nested random subset of anchors
-  (≈ n·max(0.7^d, 0.2), the paper's COD sampling).
+  (≈ n·max(0.7^d, 0.2), the paper's COD sampling) and the loss is the mean over all
+  slots, so depth d weighs ∝ its slot count (as `speculators` does); the real
+  depth-0 slot, which every accepted draft starts with, weighs most.
 - EAGLE-3, training-time test: K sequential passes; pass s at position a + s reads
   token x[a+s+1] and the head's own pre-norm output of pass s-1 (H wide, not through
   fc), attending to pass-0 slots at anchors ≤ a and its own anchor's earlier passes.
@@ -139,7 +141,7 @@ def acceptance_length(per_depth_accuracy: list[float]) -> float:
 
 
 def generated_pool(target: TinyLlama, tokens: torch.Tensor, num: int, cfg: HeadConfig,
-                   gen: torch.Generator, chunk: int = 256) -> torch.Tensor:
+                   gen: torch.Generator, chunk: int = 512) -> torch.Tensor:
     """[num, seq_len]: corpus prefixes of prompt_len + the target's greedy continuation."""
     out = []
     banned = tuple(range(NUM_SPECIAL_TOKENS))
@@ -212,7 +214,10 @@ def train_heads(target: TinyLlama, corpus: dict, spec: TinySpec, cfg: HeadConfig
                     loss, correct, depth = peagle_forward(head, embed, ids, aux, probs, cfg, mask_id, gen)
                 else:
                     loss, correct, depth = eagle3_forward(head, embed, ids, aux, probs, cfg)
-            loss = depth_mean(loss, depth, cfg.num_depths).mean()
+            if name == "peagle":  # mean over slots: COD sampling sets the depth weights
+                loss = loss.float().mean()
+            else:  # one pass per depth, all anchors: equal weights
+                loss = depth_mean(loss, depth, cfg.num_depths).mean()
             optim = optims[name]
             for group in optim.param_groups:
                 group["lr"] = lr

@@ -34,6 +34,10 @@ class ReplicaMetrics:
         self.accepted_per_pos = metrics.Counter(
             "peagle_spec_decode_num_accepted_tokens_per_pos",
             description="Accepted draft tokens at each draft position", tag_keys=("replica", "position"))
+        self.acceptance_per_pos = metrics.Gauge(
+            "peagle_spec_decode_acceptance_per_pos",
+            description="Unconditional acceptance at each draft position (accepted / drafts)",
+            tag_keys=("replica", "position"))
         self.gauges = {
             name: metrics.Gauge(f"peagle_engine_{name}", description=name, tag_keys=("replica",))
             for name in ("num_running_reqs", "num_waiting_reqs", "kv_cache_usage", "batch_in_flight")
@@ -50,6 +54,8 @@ class ReplicaMetrics:
             delta = n - (last_pos[i] if i < len(last_pos) else 0)
             if delta > 0:
                 self.accepted_per_pos.inc(delta, tags={**self.tags, "position": str(i + 1)})
+        for i, rate in enumerate(stats.get("acceptance_per_pos", [])):
+            self.acceptance_per_pos.set(rate, tags={**self.tags, "position": str(i + 1)})
         if stats.get("mean_acceptance_length") is not None:
             self.acceptance_length.set(stats["mean_acceptance_length"], tags=self.tags)
         signals = {**stats.get("signals", {}), "batch_in_flight": batch_in_flight}

@@ -27,10 +27,18 @@ def s3():
 
 
 @pytest.fixture(scope="session")
-def ray_local(s3):
+def metrics_port() -> int:
+    from jobs.local_s3 import _free_port
+
+    return _free_port()
+
+
+@pytest.fixture(scope="session")
+def ray_local(s3, metrics_port):
     # S3 first: its credentials are in os.environ before Ray's workers inherit it.
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+             _metrics_export_port=metrics_port)
     yield ray
     ray.shutdown()

@@ -1,0 +1,420 @@
+"""Run untrusted Python (model-written code) in a throw-away sandbox, one process tree
+per program. Linux only; uses what the OS ships: util-linux `unshare`/`setpriv`
+(Essential in Debian), namespaces, rlimits. No extra package.
+
+How one run works. The caller takes a per-node slot (a lock file; at most
+`max_parallel_per_node` sandboxes run on a node at once) and starts
+`setpriv --pdeathsig KILL unshare --pid --fork --kill-child --mount --mount-proc --net
+--ipc --uts python -I -S sandbox.py SPEC`. This file's stage 2 runs as PID 1 of the new
+PID namespace, still privileged, and:
+  * remounts every mount read-only, hides /tmp, /var/tmp, /dev/shm, /run, /root, /home
+    and $HOME under empty read-only tmpfs (re-exposing only the interpreter's prefix,
+    read-only), mounts a fresh size-limited tmpfs on /tmp as the working directory, and
+    checks with statvfs that nothing else is writable (fail closed);
+  * forks the program: new session, uid/gid = a per-slot uid that owns nothing (as
+    root; without root: user namespace root with SECBIT_NOROOT, so no capabilities after
+    exec), no_new_privs, rlimits (CPU time, address space, file size, processes, open
+    files, no core), cleared environment; then `exec python -I -S main.py`;
+  * reaps everything, enforces the wall-clock timeout (SIGKILL to the whole namespace),
+    and reports exit status, CPU time and leftover processes to a file descriptor only
+    it holds. When PID 1 exits the kernel kills whatever the program left behind, and the
+    mount namespace with its tmpfs disappears: nothing is written to the host's disk
+    except the program's stdout/stderr files (bounded by RLIMIT_FSIZE).
+As root, RLIMIT_NPROC does not bind (the kernel exempts uid 0), hence the per-slot uid:
+the process limit is per uid, so each concurrent sandbox needs its own.
+
+The boundary this gives: no network (empty network namespace, loopback down); no writes
+outside its working directory; no view of host processes, their signals or IPC; a
+bounded number of processes, bytes of memory per process, CPU seconds per process,
+bytes per file, and wall-clock seconds; the host's secrets in files under the hidden
+paths and in the caller's environment are not visible.
+
+What it does NOT protect against:
+  * kernel bugs: it shares the host kernel (no VM; no seccomp syscall filter, so e.g.
+    user namespaces, io_uring, perf_event_open remain reachable kernel surface);
+  * reads of world-readable host files outside the hidden paths (source trees, /etc);
+  * aggregate resources: memory is limited per process (RLIMIT_AS), so one sandbox can
+    hold up to max_processes x memory_bytes (+ its tmpfs); use cgroups for hard totals;
+  * CPU contention and timing side channels between concurrent sandboxes;
+  * forged results: the program runs in one process with its test harness, so code that
+    targets the scorer (e.g. reads its own source for the pass marker) can fake a pass.
+  * hosts where namespaces are not permitted (e.g. unprivileged containers under a
+    default seccomp profile): the sandbox refuses to run (`check_available`), it never
+    falls back to running unsandboxed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import resource
+import signal
+import sys
+import time
+
+MiB = 1 << 20
+WORKDIR = "/tmp"
+HIDDEN_PATHS = ("/var/tmp", "/dev/shm", "/dev/mqueue", "/run", "/root", "/home")
+MAX_PROGRAM_BYTES = 4 * MiB
+TAIL_BYTES = 4096
+OUTER_GRACE_S = 20.0  # stage-2 start-up on a loaded node; the inner timer is the real one
+SAMPLE_ENV = {"PATH": "/usr/bin:/bin", "HOME": WORKDIR, "LANG": "C.UTF-8", "TMPDIR": WORKDIR}
+STATUSES = ("ok", "error", "timeout", "cpu_time_limit", "memory_limit", "file_size_limit",
+            "process_limit", "signal", "sandbox_error")
+
+# <sys/mount.h>, <linux/prctl.h>, <linux/securebits.h>
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 21
+PRESERVED_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
+                   "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
+PR_SET_NO_NEW_PRIVS, PR_SET_SECUREBITS = 38, 28
+SECBIT_NOROOT, SECBIT_NOROOT_LOCKED = 1, 2
+
+
+# -- stage 2: runs inside the new namespaces, as PID 1, before dropping privileges ----------
+
+
+def _mount(libc, source, target, fstype, flags, data=None) -> None:
+    enc = (lambda s: None if s is None else str(s).encode())
+    if libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"mount {source} on {target}: {os.strerror(code)}")
+
+
+def _mount_points() -> list[tuple[str, list[str]]]:
+    with open("/proc/self/mountinfo") as f:
+        fields = [line.split() for line in f]
+    # Mount points are octal-escaped (space = \040).
+    unescape = (lambda p: p.encode().decode("unicode_escape").encode("latin-1").decode())
+    return [(unescape(x[4]), x[5].split(",")) for x in fields]
+
+
+def _setup_filesystem(libc, spec) -> None:
+    expose = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in spec["expose"]]
+    for mount_point, options in _mount_points():
+        flags = MS_BIND | MS_REMOUNT | MS_RDONLY
+        flags |= sum(v for k, v in PRESERVED_FLAGS.items() if k in options)
+        try:
+            _mount(libc, None, mount_point, None, flags)
+        except OSError as exc:  # shadowed by a later mount: unreachable, checked below
+            if exc.errno not in (errno.EINVAL, errno.ENOENT, errno.EACCES):
+                raise
+    uid = spec["uid"] or 0
+    limits = spec["limits"]
+    overlays = [(path, "size=64k,nr_inodes=256,mode=0755") for path in spec["hide"]]
+    overlays.append((WORKDIR, f"size={limits['workdir_bytes']},nr_inodes=4096,mode=0700,uid={uid},gid={uid}"))
+    for path, data in overlays:
+        base = MS_NOSUID | MS_NODEV | MS_NOEXEC
+        _mount(libc, "tmpfs", path, "tmpfs", base, data)
+        for target, fd in expose:  # put the interpreter back, read-only, at its own path
+            if target.startswith(path.rstrip("/") + "/"):
+                os.makedirs(target, mode=0o755, exist_ok=True)
+                _mount(libc, f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+                _mount(libc, None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        if path != WORKDIR:
+            _mount(libc, None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | base)
+    for mount_point, _ in _mount_points():  # fail closed: only the workdir may be writable
+        try:
+            writable = not os.statvfs(mount_point).f_flag & os.ST_RDONLY
+        except OSError:
+            continue  # not reachable by path
+        if writable and mount_point != WORKDIR:
+            raise RuntimeError(f"{mount_point} is still writable inside the sandbox")
+
+
+def _exec_program(libc, spec, error_fd: int) -> None:
+    """In the forked child: drop everything, then exec the interpreter on main.py."""
+    limits, uid = spec["limits"], spec["uid"]
+    os.setsid()
+    os.chdir(WORKDIR)
+    os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)  # all capabilities are gone with uid 0
+    elif libc.prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECUREBITS)")
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    cpu = int(limits["cpu_s"])
+    for res, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)),
+                       (resource.RLIMIT_AS, int(limits["memory_bytes"])),
+                       (resource.RLIMIT_FSIZE, int(limits["file_size_bytes"])),
+                       # Without root, unshare and PID 1 share the (namespaced) uid: +2.
+                       (resource.RLIMIT_NPROC, int(limits["max_processes"]) + (0 if uid is not None else 2)),
+                       (resource.RLIMIT_NOFILE, int(limits["max_open_files"])),
+                       (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(res, value if isinstance(value, tuple) else (value, value))
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    os.closerange(3, error_fd)
+    os.closerange(error_fd + 1, 1 << 16)
+    exe = spec["python"]
+    os.execve(exe, [exe, "-I", "-S", "-B", "main.py"], SAMPLE_ENV)
+
+
+def _supervise(child: int, timeout_s: float) -> dict:
+    """Reap every process (PID 1 inherits orphans) until the program exits or time is up."""
+    deadline = time.monotonic() + timeout_s
+    delay, timed_out = 0.0005, False
+    while True:
+        pid, wstatus, usage = os.wait4(-1, os.WNOHANG)
+        if pid == child:
+            break
+        if pid == 0:
+            if time.monotonic() >= deadline:
+                timed_out = True
+                os.kill(-1, signal.SIGKILL)  # everything in this namespace but PID 1
+                _, wstatus, usage = os.wait4(child, 0)
+                break
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+    left = sum(1 for n in os.listdir("/proc") if n.isdigit()) - 1
+    sig = os.WTERMSIG(wstatus) if os.WIFSIGNALED(wstatus) else None
+    return {"timed_out": timed_out, "exit_code": os.WEXITSTATUS(wstatus) if os.WIFEXITED(wstatus) else None,
+            "signal": signal.Signals(sig).name if sig else None, "num_processes_left": left,
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 3), "max_rss_kb": usage.ru_maxrss}
+
+
+def _stage2(spec: dict) -> int:
+    status_fd = spec["status_fd"]
+    os.set_inheritable(status_fd, False)
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        program = sys.stdin.buffer.read(MAX_PROGRAM_BYTES + 1)
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")  # if the node runs out of memory, this goes first
+        os.umask(0o022)
+        _setup_filesystem(libc, spec)
+        fd = os.open(os.path.join(WORKDIR, "main.py"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, program)
+        if spec["uid"] is not None:
+            os.fchown(fd, spec["uid"], spec["uid"])
+        os.close(fd)
+        error_r, error_w = os.pipe2(os.O_CLOEXEC)
+        child = os.fork()
+    except BaseException as exc:
+        os.write(status_fd, json.dumps({"setup_error": f"{type(exc).__name__}: {exc}"}).encode())
+        return 1
+    if child == 0:
+        try:
+            os.close(error_r)
+            _exec_program(libc, spec, error_w)
+        except BaseException as exc:
+            os.write(error_w, f"{type(exc).__name__}: {exc}".encode())
+        os._exit(127)
+    os.close(error_w)
+    exec_error = os.read(error_r, 4096).decode(errors="replace")  # EOF = exec succeeded
+    report = _supervise(child, float(spec["limits"]["timeout_s"]))
+    if exec_error:
+        report = {"setup_error": f"starting the program: {exec_error}"}
+    os.write(status_fd, json.dumps(report).encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_stage2(json.loads(sys.argv[1])))
+
+# Imported after stage 2 has started: it runs once per sample and must start fast.
+import fcntl  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from dataclasses import asdict, dataclass  # noqa: E402
+from functools import lru_cache  # noqa: E402
+from typing import Iterator  # noqa: E402
+
+
+class SandboxUnavailable(RuntimeError):
+    """This host cannot sandbox (no namespaces, no util-linux); nothing was run."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-sandbox limits. Every value must be positive."""
+
+    timeout_s: float = 10.0  # wall clock, from the program's start
+    cpu_s: int = 5  # RLIMIT_CPU per process: SIGXCPU at cpu_s, SIGKILL a second later
+    memory_bytes: int = 512 * MiB  # RLIMIT_AS per process
+    file_size_bytes: int = 8 * MiB  # RLIMIT_FSIZE: any file, stdout/stderr included
+    max_processes: int = 16  # RLIMIT_NPROC for the sandbox's uid; threads count
+    max_open_files: int = 64
+    workdir_bytes: int = 32 * MiB  # tmpfs size of the working directory (RAM)
+    max_parallel_per_node: int = 4  # sandboxes running at once on one node
+    uid_base: int = 1_600_000_000  # per-slot uids uid_base .. + max_parallel_per_node - 1
+    slot_wait_s: float = 3600.0  # how long to wait for a free slot
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"SandboxLimits.{name} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    status: str  # one of STATUSES; "ok" = exit code 0
+    detail: str  # why, in words (the exception line, the limit hit)
+    exit_code: int | None = None
+    signal: str | None = None
+    wall_s: float = 0.0
+    cpu_s: float | None = None
+    num_processes_left: int = 0
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+
+
+def run_python(source: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
+    """Run `source` as `main.py` in a fresh sandbox and say how it ended. Blocks until a
+    per-node slot is free. Never raises for anything the program does."""
+    program = source.encode("utf-8", errors="replace")
+    if len(program) > MAX_PROGRAM_BYTES:
+        return SandboxResult("sandbox_error", f"program is {len(program)} bytes, limit {MAX_PROGRAM_BYTES}")
+    tools = {name: shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin") for name in ("unshare", "setpriv")}
+    if None in tools.values():
+        return SandboxResult("sandbox_error", f"util-linux tools missing: {tools!r}")
+    with _node_slot(limits) as slot, tempfile.TemporaryFile() as out, \
+            tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as status:
+        root = os.geteuid() == 0
+        uid = limits.uid_base + slot if root else None
+        exe = os.path.realpath(sys.executable)
+        spec = {"limits": asdict(limits), "uid": uid, "status_fd": status.fileno(), "python": exe,
+                "expose": [os.path.realpath(sys.base_prefix)], "hide": _hidden_paths()}
+        ns = ["--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--net", "--ipc", "--uts"]
+        if not root:
+            ns = ["--user", "--map-root-user", *ns]
+        cmd = [tools["setpriv"], "--pdeathsig", "KILL", tools["unshare"], *ns,
+               exe, "-I", "-S", "-B", os.path.realpath(__file__), json.dumps(spec)]
+        started = time.monotonic()
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=err, env=SAMPLE_ENV,
+                                pass_fds=(status.fileno(),), start_new_session=True)
+        try:
+            proc.communicate(program, timeout=limits.timeout_s + OUTER_GRACE_S)
+            outer_timeout = False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # unshare and PID 1: the namespace dies
+            proc.wait()
+            outer_timeout = True
+        if outer_timeout and uid is not None:
+            # Normally PID 1's exit waits until its namespace is empty; killed from
+            # outside, make sure before this slot's uid is handed out again.
+            _wait_uid_gone(uid, timeout_s=10.0)
+        status.seek(0)
+        raw = status.read().decode(errors="replace")
+        report = json.loads(raw) if raw.strip() else None
+        return _classify(report, proc.returncode, outer_timeout, _tail(out), _tail(err),
+                         limits, time.monotonic() - started)
+
+
+@lru_cache(maxsize=None)
+def check_available(limits: SandboxLimits = SandboxLimits()) -> None:
+    """Raise `SandboxUnavailable` unless a trivial program runs sandboxed on this node
+    (cached per process). Jobs call it before scoring: no silent unsandboxed fallback."""
+    if not sys.platform.startswith("linux"):
+        raise SandboxUnavailable(f"the sandbox needs Linux, got {sys.platform!r}")
+    result = run_python("import os\nprint('sandbox-ok', os.getpid())\n", limits)
+    if result.status != "ok" or "sandbox-ok 2" not in result.stdout_tail:
+        raise SandboxUnavailable(f"sandbox self-test failed: {result.status}: {result.detail}")
+
+
+def _hidden_paths() -> list[str]:
+    home = os.environ.get("HOME", "")
+    paths = [*HIDDEN_PATHS, *([home] if home not in ("", "/") else [])]
+    seen = []
+    for path in paths:
+        real = os.path.realpath(path)
+        if os.path.isdir(path) and not os.path.islink(path) and real not in seen and real != "/":
+            seen.append(real)
+    return seen
+
+
+@contextmanager
+def _node_slot(limits: SandboxLimits) -> Iterator[int]:
+    """A free slot on this node (flock on one of N lock files, released on exit or if the
+    holder dies): the per-node bound on concurrent sandboxes and each one's own uid."""
+    lock_dir = os.path.join(tempfile.gettempdir(), f"peagle-sandbox-{os.geteuid()}")
+    os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+    deadline = time.monotonic() + limits.slot_wait_s
+    while True:
+        for slot in range(limits.max_parallel_per_node):
+            fd = os.open(os.path.join(lock_dir, f"slot-{slot}.lock"), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            try:
+                yield slot
+            finally:
+                os.close(fd)
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no free sandbox slot of {limits.max_parallel_per_node} in {limits.slot_wait_s}s")
+        time.sleep(0.02)
+
+
+def _wait_uid_gone(uid: int, timeout_s: float) -> None:
+    """Slots are reused: make sure no process of this slot's uid is still exiting."""
+    deadline = time.monotonic() + timeout_s
+    while processes_of_uids(range(uid, uid + 1)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def processes_of_uids(uids: range) -> list[int]:
+    """PIDs on this host whose real uid is in `uids` (for leak checks)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/status") as f:
+                    uid_line = next(line for line in f if line.startswith("Uid:"))
+            except (OSError, StopIteration):
+                continue
+            if int(uid_line.split()[1]) in uids:
+                found.append(int(name))
+    return found
+
+
+def _tail(f) -> str:
+    f.seek(0, os.SEEK_END)
+    f.seek(max(0, f.tell() - TAIL_BYTES))
+    return f.read().decode("utf-8", errors="replace")
+
+
+def _classify(report, returncode, outer_timeout, out, err, limits, wall_s) -> SandboxResult:
+    def result(status: str, detail: str) -> SandboxResult:
+        rep = report or {}
+        return SandboxResult(status, detail, rep.get("exit_code"), rep.get("signal"), round(wall_s, 3),
+                             rep.get("cpu_s"), rep.get("num_processes_left", 0), out, err)
+
+    if report is None:
+        if outer_timeout:
+            return result("timeout", f"no result within {limits.timeout_s + OUTER_GRACE_S:g}s; sandbox killed")
+        return result("sandbox_error", f"sandbox exited {returncode} without a report: {err[-500:].strip()}")
+    if "setup_error" in report:
+        return result("sandbox_error", report["setup_error"])
+    lines = [line for line in err.splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else ""
+    sig, cpu = report.get("signal"), report.get("cpu_s") or 0.0
+    if report["timed_out"]:
+        status, detail = "timeout", f"wall-clock limit of {limits.timeout_s:g}s exceeded"
+    elif sig == "SIGXCPU" or (sig == "SIGKILL" and cpu >= limits.cpu_s):
+        status, detail = "cpu_time_limit", f"CPU-time limit of {limits.cpu_s}s per process exceeded"
+    elif sig == "SIGXFSZ" or "File too large" in last:
+        status, detail = "file_size_limit", f"file-size limit of {limits.file_size_bytes} bytes exceeded: {last}"
+    elif report["exit_code"] == 0:
+        status, detail = "ok", "exit code 0"
+    elif last.startswith("MemoryError") or "Cannot allocate memory" in last:
+        status, detail = "memory_limit", f"memory limit of {limits.memory_bytes} bytes per process: {last}"
+    elif "BlockingIOError" in last or "Resource temporarily unavailable" in last:
+        status, detail = "process_limit", f"process limit of {limits.max_processes} reached: {last}"
+    elif sig is not None:
+        status, detail = "signal", f"killed by {sig}"
+    else:
+        status, detail = "error", last or f"exit code {report['exit_code']}"
+    left = report.get("num_processes_left", 0)
+    if status not in ("ok", "process_limit") and left >= limits.max_processes - 1:
+        status, detail = "process_limit", (f"process limit of {limits.max_processes} reached "
+                                           f"({left} still running at the end); then {detail}")
+    return result(status, detail)
