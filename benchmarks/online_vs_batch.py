@@ -1,0 +1,184 @@
+"""Online latency with and without a batch job on the same Serve replicas.
+
+One run, side by side: (A) online requests alone at a fixed rate, (B) the batch job
+alone through the app's batch door, (C) both at once. Reports online p50/p99
+time-to-first-token and tokens/s, and batch tokens/s solo vs shared, as ratios.
+Goal: p99 TTFT shared <= 1.25x alone while batch keeps >= 50% of its solo throughput.
+
+    python -m benchmarks.online_vs_batch [--rate 2] [--online-s 40] [--batch-rows 96]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import threading
+import time
+from pathlib import Path
+
+OUT_DIR = Path("out/bench")
+MAX_ONLINE_REQUESTS = 2000  # hard bound on any load loop
+
+
+async def online_load(url: str, rate_per_s: float, duration_s: float, max_tokens: int, seed: int = 0,
+                      until: threading.Event | None = None) -> list[dict]:
+    """Open-loop Poisson arrivals of streaming completions; one record per request."""
+    import httpx
+
+    rng = random.Random(seed)
+    records: list[dict] = []
+
+    async def one(client: httpx.AsyncClient) -> None:
+        started = time.monotonic()
+        ttft, tokens, error = None, 0, None
+        try:
+            body = {"model": "tiny", "prompt": "def fibonacci(n):", "max_tokens": max_tokens,
+                    "stream": True, "stream_options": {"include_usage": True}}
+            async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+                if r.status_code != 200:
+                    error = f"HTTP {r.status_code}"
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if chunk.get("choices") and chunk["choices"][0].get("text") and ttft is None:
+                        ttft = time.monotonic() - started
+                    if chunk.get("usage"):
+                        tokens = chunk["usage"]["completion_tokens"]
+        except Exception as exc:  # recorded, reported as a failed online request
+            error = repr(exc)
+        records.append({"ttft_s": ttft, "latency_s": time.monotonic() - started,
+                        "tokens": tokens, "error": error})
+
+    async with httpx.AsyncClient(timeout=300) as client:
+        tasks, deadline = [], time.monotonic() + duration_s
+        while time.monotonic() < deadline and len(tasks) < MAX_ONLINE_REQUESTS:
+            if until is not None and until.is_set():
+                break
+            tasks.append(asyncio.ensure_future(one(client)))
+            await asyncio.sleep(rng.expovariate(rate_per_s))
+        await asyncio.gather(*tasks)
+    return records
+
+
+def summarize_online(records: list[dict], wall_s: float) -> dict:
+    ttfts = sorted(r["ttft_s"] for r in records if r["ttft_s"] is not None)
+    q = statistics.quantiles(ttfts, n=100) if len(ttfts) >= 2 else ttfts * 99
+    return {
+        "requests": len(records),
+        "failed": sum(1 for r in records if r["error"]),
+        "ttft_p50_s": round(q[49], 4) if q else None,
+        "ttft_p99_s": round(q[98], 4) if q else None,
+        "tokens_per_s": round(sum(r["tokens"] for r in records) / wall_s, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--rate", type=float, default=2.0, help="online requests per second")
+    p.add_argument("--online-s", type=float, default=40.0, help="online phase length, alone")
+    p.add_argument("--online-max-tokens", type=int, default=32)
+    p.add_argument("--batch-rows", type=int, default=96)
+    p.add_argument("--batch-max-tokens", type=int, default=64)
+    args = p.parse_args(argv)
+
+    import ray
+    from ray import serve
+
+    from configs import load_config
+    from jobs.codegen import run_codegen
+    from jobs.demo import upload_humaneval
+    from jobs.local_s3 import LocalS3, _free_port
+    from serving.app import deployment_for
+
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    with LocalS3() as s3:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        port = _free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        app_cfg = load_config("tiny", ["serve.max_ongoing_requests=32", "serve.batch_share=0.5"])
+        serve.run(deployment_for(app_cfg), name="peagle", route_prefix="/")
+        url = f"http://127.0.0.1:{port}"
+        s3.create_bucket("bench")
+        upload_humaneval(s3, "bench/in", num_shards=4, limit=args.batch_rows)
+
+        def batch_cfg(tag: str):
+            return load_config("tiny", [
+                "input=s3://bench/in", f"output=s3://bench/out-{tag}", f"s3_endpoint_url={s3.endpoint_url}",
+                "serve_app=peagle", f"sampling.max_tokens={args.batch_max_tokens}"])
+
+        print("[A] online alone ...", flush=True)
+        started = time.monotonic()
+        alone = summarize_online(asyncio.run(online_load(
+            url, args.rate, args.online_s, args.online_max_tokens)), time.monotonic() - started)
+        print("[B] batch alone ...", flush=True)
+        solo = run_codegen(batch_cfg("solo"))["this_run"]
+        print("[C] online + batch ...", flush=True)
+        shared_summary: dict = {}
+        done = threading.Event()
+
+        def run_batch() -> None:
+            shared_summary.update(run_codegen(batch_cfg("shared")))
+            done.set()
+
+        job = threading.Thread(target=run_batch)
+        job.start()
+        time.sleep(5)  # let the batch job fill its window first: the worst case for online
+        started = time.monotonic()
+        shared_records = asyncio.run(online_load(
+            url, args.rate, 4 * args.online_s, args.online_max_tokens, seed=1, until=done))
+        shared = summarize_online(shared_records, time.monotonic() - started)
+        job.join(timeout=1800)
+        shared_batch = shared_summary["this_run"]
+        serve.shutdown()
+        ray.shutdown()
+
+    report = {
+        "online_alone": alone, "online_with_batch": shared,
+        "batch_alone_tokens_per_s": solo["output_tokens_per_s"],
+        "batch_shared_tokens_per_s": shared_batch["output_tokens_per_s"],
+        "ttft_p99_ratio": round(shared["ttft_p99_s"] / alone["ttft_p99_s"], 3),
+        "ttft_p50_ratio": round(shared["ttft_p50_s"] / alone["ttft_p50_s"], 3),
+        "batch_throughput_ratio": round(shared_batch["output_tokens_per_s"] / solo["output_tokens_per_s"], 3),
+        "settings": vars(args),
+    }
+    print(f"\n{'':28}{'alone':>10}{'with batch':>12}{'ratio':>8}")
+    for key in ("ttft_p50_s", "ttft_p99_s", "tokens_per_s"):
+        a, b = alone[key], shared[key]
+        print(f"online {key:21}{a:>10}{b:>12}{b / a:>8.2f}")
+    print(f"online failed requests      {alone['failed']:>10}{shared['failed']:>12}")
+    print(f"batch tokens_per_s          {solo['output_tokens_per_s']:>10}"
+          f"{shared_batch['output_tokens_per_s']:>12}{report['batch_throughput_ratio']:>8.2f}")
+    print(f"goal: p99 TTFT ratio <= 1.25 (got {report['ttft_p99_ratio']}), "
+          f"batch ratio >= 0.50 (got {report['batch_throughput_ratio']})")
+    (OUT_DIR / "online_vs_batch.json").write_text(json.dumps(report, indent=2))
+    _plot(report)
+    return report
+
+
+def _plot(report: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
+    labels = ["alone", "with batch"]
+    for i, key in enumerate(("ttft_p50_s", "ttft_p99_s")):
+        values = [report["online_alone"][key], report["online_with_batch"][key]]
+        ax1.bar([x + 0.38 * i for x in range(2)], values, width=0.36, label=key.replace("_s", ""))
+    ax1.set_xticks([0.19, 1.19], labels)
+    ax1.set_ylabel("online TTFT (s)")
+    ax1.legend()
+    ax2.bar(labels, [report["batch_alone_tokens_per_s"], report["batch_shared_tokens_per_s"]])
+    ax2.set_ylabel("batch output tokens/s")
+    fig.suptitle("Online latency and batch throughput on shared replicas")
+    fig.tight_layout()
+    fig.savefig(OUT_DIR / "online_vs_batch.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()
