@@ -1,0 +1,304 @@
+"""The speculation controller: (signals, state, config) -> (decision, next state), pure.
+
+Each control interval it
+1. folds the replicas' per-position draft/accept counts into the acceptance estimate
+   (control.acceptance) and their measured step times into two correction factors of the
+   calibrated T(B, K): one for the non-speculative step T(B, 0), one for what speculation
+   adds on top (T(B, K) - T(B, 0)); a uniform factor alone would never move the best K;
+2. recomputes, for every batch size B = 1..max_num_seqs, the K in 0..K_max maximizing
+   goodput B·τ(K)/T(B, K), where B is capped by what the KV cache admits with the
+   lookahead slots reserved per request;
+3. applies hysteresis: a batch size's K changes only if the predicted gain exceeds
+   `switch_min_gain`, and a change must be wanted `switch_dwell_intervals` intervals in
+   a row before the latest proposal is put in force;
+4. probes: positions beyond the K a replica runs at are never drafted, so their estimate
+   goes stale. When some are, one replica (rotating) runs one interval at
+   K + probe_depth_tokens: at once for a position never measured, otherwise as often as
+   `probe_budget` (fraction of pool goodput) allows by the model's own prediction of
+   what the probe costs;
+5. sizes the pool on predicted capacity at the latency target (control.capacity).
+
+The output is what vLLM consumes: a batch-size -> K schedule per replica (`[[lo, hi, K]]`,
+`num_speculative_tokens_per_batch_size`). The engine is started at K_max and per step
+looks up K by its batch size, so load changes are followed within a step without the
+controller; the controller keeps the table true to the measured workload.
+
+Knows nothing about Ray, vLLM or torch, about how signals are gathered, or how a schedule
+is applied; every decision carries a human-readable `reason`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from control.acceptance import NEVER_OBSERVED, AcceptanceEstimate, prior_estimate, update_estimate
+from control.capacity import ReplicaCapacity, replica_capacity, target_replicas
+from control.model import StepCostModel, max_batch_size, step_time_grid_s, tokens_per_step
+
+Schedule = tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True)
+class StepTimeSample:
+    """`num_steps` measured steps of one replica at one (batch size, K), averaged."""
+
+    batch_size: int
+    num_speculative_tokens: int
+    num_steps: int
+    mean_step_time_s: float
+    mean_prefill_tokens: float = 0.0
+    mean_context_tokens_per_req: float = 0.0
+
+
+@dataclass(frozen=True)
+class ReplicaSignals:
+    """One replica over the last control interval (counts are deltas, not totals)."""
+
+    replica_id: str
+    num_running_reqs: int
+    num_waiting_reqs: int
+    kv_cache_usage: float  # fraction 0..1
+    num_drafts_per_pos: tuple[int, ...] = ()  # drafts that reached position i (K_step >= i)
+    num_accepted_per_pos: tuple[int, ...] = ()
+    step_samples: tuple[StepTimeSample, ...] = ()
+    mean_context_tokens_per_req: float = 0.0
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    cost: StepCostModel  # calibrated T(B, K) of one replica
+    max_num_speculative_tokens: int  # K_max: the engine's start-up num_speculative_tokens
+    max_num_seqs: int  # engine's batch limit; the table covers B = 1..max_num_seqs
+    kv_capacity_tokens: int  # KV slots of one replica
+    acceptance_prior: tuple[float, ...]  # p_i before any measurement (generic workload)
+    target_tpot_s: float  # latency target per output token, for capacity
+    lookahead_follows_k: bool = False  # vLLM reserves K_max slots whatever the step's K
+    prior_drafts: float = 20.0  # weight of the prior, in drafts per position (a weak guess)
+    acceptance_halflife_drafts: float = 1000.0  # forgetting: half weight after this many drafts
+    min_fresh_drafts: int = 50  # drafts in an interval that make a position's estimate fresh
+    switch_min_gain: float = 0.02  # change a batch size's K only for a larger predicted gain
+    switch_dwell_intervals: int = 2  # intervals in a row that must want a change before it is made
+    max_acceptance_age_intervals: int = 30  # older estimates are stale and get probed
+    probe_depth_tokens: int = 4  # a probe drafts this many positions past the K in force
+    probe_budget: float = 0.01  # most pool goodput probing may cost, as a fraction
+    step_time_halflife_steps: float = 2000.0  # forgetting of the step-time correction
+    default_context_tokens_per_req: float = 512.0  # when replicas report none
+    target_utilization: float = 0.85  # fraction of capacity the pool is sized to run at
+    min_replicas: int = 1
+    max_replicas: int = 1
+    scale_down_dwell_intervals: int = 10
+
+    def __post_init__(self) -> None:
+        if self.max_num_speculative_tokens < 1:
+            raise ValueError(f"max_num_speculative_tokens must be >= 1, got {self.max_num_speculative_tokens!r}")
+        if self.max_num_seqs < 1 or self.kv_capacity_tokens < 1:
+            raise ValueError(f"max_num_seqs/kv_capacity_tokens must be >= 1, got "
+                             f"{self.max_num_seqs!r}/{self.kv_capacity_tokens!r}")
+        if not all(0.0 <= p <= 1.0 for p in self.acceptance_prior) or not self.acceptance_prior:
+            raise ValueError(f"acceptance_prior must be probabilities, got {self.acceptance_prior!r}")
+        if not 0 <= self.switch_min_gain < 1 or self.switch_dwell_intervals < 1:
+            raise ValueError(f"need 0 <= switch_min_gain < 1 and switch_dwell_intervals >= 1, got "
+                             f"{self.switch_min_gain!r}, {self.switch_dwell_intervals!r}")
+        if not 0 < self.probe_budget < 1:
+            raise ValueError(f"probe_budget must be in (0, 1), got {self.probe_budget!r}")
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    acceptance: AcceptanceEstimate
+    k_by_batch: tuple[int, ...]  # dense table in force: k_by_batch[B-1]
+    step_time_scale: tuple[float, float] = (1.0, 1.0)  # (base step, speculation overhead)
+    step_time_evidence: float = 0.0  # effective steps behind step_time_scale
+    pending_k_by_batch: tuple[int, ...] | None = None
+    pending_intervals: int = 0
+    intervals_since_probe: int = 0
+    probe_cursor: int = 0
+    num_replicas: int = 1
+    intervals_below: int = 0  # consecutive intervals that needed fewer replicas
+    interval: int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    k_by_batch: tuple[int, ...]  # table in force, dense: index B-1
+    schedule: Schedule  # the same as vLLM ranges
+    schedules: Mapping[str, Schedule]  # per replica: the table in force, or a probe table
+    probe_replica: str | None
+    probe_num_speculative_tokens: int  # 0 when nobody probes
+    target_replicas: int
+    capacity: ReplicaCapacity
+    acceptance_per_pos: tuple[float, ...]
+    max_k_in_force: int  # largest K the table uses; an engine started at it reserves less KV
+    changed: bool
+    reason: str
+
+
+def initial_state(config: ControllerConfig, num_replicas: int = 1) -> ControllerState:
+    """The table the prior predicts, with no hysteresis, and a prior-only estimate."""
+    est = prior_estimate(config.acceptance_prior, config.max_num_speculative_tokens, config.prior_drafts)
+    goodput = _goodput(config, est, (1.0, 1.0), config.default_context_tokens_per_req)[0]
+    table = tuple(int(k) for k in np.argmax(goodput, axis=1))
+    return ControllerState(acceptance=est, k_by_batch=table, num_replicas=num_replicas)
+
+
+def decide(
+    signals: Sequence[ReplicaSignals], state: ControllerState, config: ControllerConfig
+) -> tuple[Decision, ControllerState]:
+    kmax = config.max_num_speculative_tokens
+    drafts, accepted = np.zeros(kmax, dtype=np.int64), np.zeros(kmax, dtype=np.int64)
+    for s in signals:
+        n = min(kmax, len(s.num_drafts_per_pos))
+        drafts[:n] += np.asarray(s.num_drafts_per_pos[:n], dtype=np.int64)
+        accepted[:n] += np.asarray(s.num_accepted_per_pos[:n], dtype=np.int64)
+    est = update_estimate(state.acceptance, drafts, accepted, config.acceptance_halflife_drafts,
+                          config.min_fresh_drafts)
+    scale, evidence = _update_step_time_scale(signals, state, config)
+    running = sum(s.num_running_reqs for s in signals)
+    ctx = (sum(s.mean_context_tokens_per_req * s.num_running_reqs for s in signals) / running
+           if running and any(s.mean_context_tokens_per_req for s in signals)
+           else config.default_context_tokens_per_req)
+    goodput, step_s, tau = _goodput(config, est, scale, ctx)
+
+    # Best K per batch size, then hysteresis: keep a K unless the best beats it clearly.
+    rows = np.arange(config.max_num_seqs)
+    cur = np.asarray(state.k_by_batch)
+    best = np.argmax(goodput, axis=1)
+    gain = goodput[rows, best] / np.maximum(goodput[rows, cur], 1e-12)
+    proposal = tuple(int(k) for k in np.where(gain > 1.0 + config.switch_min_gain, best, cur))
+    table, pending, n_pending, changed = state.k_by_batch, None, 0, False
+    if proposal != state.k_by_batch:
+        # Dwell counts intervals in a row that wanted a change (the latest proposal wins):
+        # noise that crosses the margin once does not move the table.
+        n_pending = state.pending_intervals + 1
+        if n_pending >= config.switch_dwell_intervals:
+            table, changed, n_pending = proposal, True, 0
+        else:
+            pending = proposal
+    reasons = [_describe_change(state.k_by_batch, proposal, gain, n_pending, config, changed)]
+    if proposal != state.k_by_batch:
+        reasons[0] += (f" (measured acceptance p1..p{kmax} = {' '.join(f'{p:.2f}' for p in est.acceptance_per_pos)}; "
+                       f"step time x{scale[0]:.2f} base, x{scale[1]:.2f} speculation vs calibration)")
+
+    # Probe positions that went stale beyond the K a replica is running at.
+    in_force = schedule_from_table(table)
+    schedules = {s.replica_id: in_force for s in signals}
+    probe_replica, probe_k, since_probe, cursor = None, 0, state.intervals_since_probe + 1, state.probe_cursor
+    active = sorted((s for s in signals if s.num_running_reqs > 0), key=lambda s: s.replica_id)
+    if active:
+        s = active[cursor % len(active)]
+        b = min(s.num_running_reqs, config.max_num_seqs)
+        k_op = table[b - 1]
+        k_probe = min(kmax, k_op + config.probe_depth_tokens)
+        ages = [est.age_intervals[j - 1] for j in range(k_op + 1, k_probe + 1)]
+        stale = [j for j, a in zip(range(k_op + 1, k_probe + 1), ages) if a > config.max_acceptance_age_intervals]
+        cost = max(0.0, 1.0 - goodput[b - 1, k_probe] / max(goodput[b - 1, k_op], 1e-12))
+        period = cost / (config.probe_budget * max(1, len(signals)))
+        # A position never measured is explored soon (every other interval until the probe
+        # has reported); refreshing one measured before is paced so that probing costs at
+        # most probe_budget of pool goodput on average.
+        never = any(a >= NEVER_OBSERVED for a in ages)
+        if stale and since_probe >= (min(2.0, period) if never else period):
+            probe_replica, probe_k, since_probe, cursor = s.replica_id, k_probe, 0, cursor + 1
+            schedules[s.replica_id] = schedule_from_table(tuple(max(k, k_probe) for k in table))
+            reasons.append(
+                f"probe {s.replica_id}: K {k_op}->{k_probe} for one interval to refresh "
+                f"p{stale[0]}..p{stale[-1]} (stale > {config.max_acceptance_age_intervals} intervals; "
+                f"predicted cost {cost / max(1, len(signals)):.1%} of pool goodput this interval)")
+
+    # Replicas: capacity at the latency target with the table in force.
+    b_adm = max_batch_size(config.kv_capacity_tokens, ctx, _lookahead(config, kmax), config.max_num_seqs)
+    cap = replica_capacity(step_s, tau, table, b_adm, config.target_tpot_s)
+    in_system = sum(s.num_running_reqs + s.num_waiting_reqs for s in signals)
+    n_rep, below, why = target_replicas(
+        in_system, cap, state.num_replicas, state.intervals_below,
+        target_utilization=config.target_utilization, min_replicas=config.min_replicas,
+        max_replicas=config.max_replicas, scale_down_dwell_intervals=config.scale_down_dwell_intervals)
+    reasons.append(why)
+
+    decision = Decision(
+        k_by_batch=table, schedule=in_force, schedules=schedules, probe_replica=probe_replica,
+        probe_num_speculative_tokens=probe_k, target_replicas=n_rep, capacity=cap,
+        acceptance_per_pos=est.acceptance_per_pos, max_k_in_force=max(table), changed=changed,
+        reason="; ".join(reasons))
+    new_state = replace(
+        state, acceptance=est, k_by_batch=table, step_time_scale=scale, step_time_evidence=evidence,
+        pending_k_by_batch=pending, pending_intervals=n_pending, intervals_since_probe=since_probe,
+        probe_cursor=cursor, num_replicas=n_rep, intervals_below=below, interval=state.interval + 1)
+    return decision, new_state
+
+
+def schedule_from_table(k_by_batch: Sequence[int]) -> Schedule:
+    """Dense [K for B=1..N] -> vLLM ranges ((1, hi, K), ...), merging equal neighbours."""
+    out: list[tuple[int, int, int]] = []
+    for b, k in enumerate(k_by_batch, start=1):
+        if out and out[-1][2] == k:
+            out[-1] = (out[-1][0], b, k)
+        else:
+            out.append((b, b, int(k)))
+    return tuple(out)
+
+
+def _lookahead(config: ControllerConfig, k: int) -> int:
+    return k if config.lookahead_follows_k else config.max_num_speculative_tokens
+
+
+def _goodput(config: ControllerConfig, est: AcceptanceEstimate, scale: tuple[float, float], ctx: float):
+    """(goodput [B, K], corrected step time [B, K], τ [K]) for B = 1..max_num_seqs.
+    A batch size the KV cache cannot admit at K runs only the admissible batch."""
+    kmax = config.max_num_speculative_tokens
+    b = np.arange(1, config.max_num_seqs + 1, dtype=float)
+    raw = step_time_grid_s(config.cost, b, kmax, ctx)
+    step_s = scale[0] * raw[:, :1] + scale[1] * (raw - raw[:, :1])
+    tau = np.array([tokens_per_step(est.acceptance_per_pos, k) for k in range(kmax + 1)])
+    goodput = b[:, None] * tau[None, :] / step_s
+    for k in range(kmax + 1):
+        cap = max_batch_size(config.kv_capacity_tokens, ctx, _lookahead(config, k), config.max_num_seqs)
+        if cap < config.max_num_seqs:
+            goodput[cap:, k] = goodput[cap - 1, k] if cap >= 1 else 0.0
+    return goodput, step_s, tau
+
+
+def _update_step_time_scale(signals, state: ControllerState, config: ControllerConfig):
+    """Ridge least squares of measured/predicted on (base share, speculation share),
+    pulled towards the previous factors with their decayed evidence. Clamped to [0.2, 5]:
+    a calibration off by more than 5x is a wrong calibration, not something to track."""
+    xs, ys, ns = [], [], []
+    for s in signals:
+        for m in s.step_samples:
+            ctx = m.batch_size * m.mean_context_tokens_per_req
+            base = config.cost.step_time_s(m.batch_size, 0, ctx, m.mean_prefill_tokens)
+            full = config.cost.step_time_s(m.batch_size, m.num_speculative_tokens, ctx, m.mean_prefill_tokens)
+            xs.append((base / full, (full - base) / full))
+            ys.append(m.mean_step_time_s / full)
+            ns.append(m.num_steps)
+    if not ns:
+        return state.step_time_scale, state.step_time_evidence
+    x, y, n = np.asarray(xs), np.asarray(ys), np.asarray(ns, dtype=float)
+    prior_w = max(state.step_time_evidence * 0.5 ** (n.sum() / config.step_time_halflife_steps), 1.0)
+    prev = np.asarray(state.step_time_scale)
+    a = prior_w * np.eye(2) + (x * n[:, None]).T @ x
+    rhs = prior_w * prev + (x * n[:, None]).T @ y
+    s = np.clip(np.linalg.solve(a, rhs), 0.2, 5.0)
+    return (float(s[0]), float(s[1])), float(prior_w + n.sum())
+
+
+def _describe_change(old, new, gain, n_pending, config: ControllerConfig, changed: bool) -> str:
+    if new == tuple(old):
+        return f"hold K table: within {config.switch_min_gain:.0%} of the best K at every batch size"
+    parts, b = [], 0
+    while b < len(new):
+        if new[b] == old[b]:
+            b += 1
+            continue
+        e = b
+        while e + 1 < len(new) and (old[e + 1], new[e + 1]) == (old[b], new[b]):
+            e += 1
+        parts.append(f"B {b + 1}-{e + 1}: K {old[b]}->{new[b]} (+{(gain[b:e + 1].max() - 1):.1%} predicted)")
+        b = e + 1
+    what = ", ".join(parts[:4]) + (f" and {len(parts) - 4} more ranges" if len(parts) > 4 else "")
+    if changed:
+        return f"K table changed: {what}"
+    return f"K table change pending ({n_pending}/{config.switch_dwell_intervals} intervals): {what}"

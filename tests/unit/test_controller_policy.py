@@ -1,0 +1,257 @@
+"""The speculation controller's pure parts: goodput model, acceptance estimate, policy,
+capacity and calibration, driven with plain numbers (no Ray, no vLLM, no simulator)."""
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from control.acceptance import prior_estimate, update_estimate
+from control.baselines import dense_from_schedule
+from control.calibration import (
+    Calibration, StepMeasurement, b200_qwen3_coder_calibration, fit_step_cost, load_calibration,
+    save_calibration,
+)
+from control.model import (
+    StepCostModel, best_num_speculative_tokens, geometric_acceptance, goodput_tokens_per_s, max_batch_size,
+    tokens_per_step,
+)
+from control.policy import ControllerConfig, ReplicaSignals, StepTimeSample, decide, initial_state
+
+pytestmark = pytest.mark.unit
+
+B200 = load_calibration("b200-qwen3-coder-30b-a3b.json")
+CODE = B200.acceptance_per_pos  # geometric 0.88, the calibration's HumanEval fit
+
+
+def config(**overrides) -> ControllerConfig:
+    base = ControllerConfig(cost=B200.cost, max_num_speculative_tokens=11, max_num_seqs=128,
+                            kv_capacity_tokens=B200.kv_capacity_tokens, acceptance_prior=CODE,
+                            target_tpot_s=0.02)
+    return replace(base, **overrides)
+
+
+def engine_window(decision, replica_id, batch_size, acceptance, num_steps, rng, num_waiting=0):
+    """What an engine running `decision`'s schedule reports for one interval: K comes from
+    the schedule at this batch size, drafts are accepted position by position."""
+    k = dense_from_schedule(decision.schedules[replica_id], 128, 11)[batch_size - 1] if decision else 0
+    n = batch_size * num_steps
+    drafts, accepted = [0] * 11, [0] * 11
+    alive = n
+    p_prev = 1.0
+    for i in range(k):
+        alive = rng.binomial(alive, acceptance[i] / p_prev)
+        p_prev = acceptance[i]
+        drafts[i], accepted[i] = n, int(alive)
+    return ReplicaSignals(replica_id, batch_size, num_waiting, 0.1, tuple(drafts), tuple(accepted))
+
+
+# -- goodput model ----------------------------------------------------------------------
+
+def test_tokens_per_step_counts_the_bonus_token_and_geometric_matches_closed_form():
+    acc = geometric_acceptance(0.8, 7)
+    assert tokens_per_step(acc, 0) == 1.0
+    assert tokens_per_step(acc, 7) == pytest.approx((1 - 0.8**8) / (1 - 0.8))
+
+
+def test_best_k_falls_as_the_batch_grows():
+    ks = [best_num_speculative_tokens(B200.cost, CODE, b, 11, 512) for b in (1, 8, 32, 64, 128, 256)]
+    assert ks == sorted(ks, reverse=True)
+    assert ks[0] == 11 and ks[-1] <= 5
+
+
+def test_parallel_drafting_cost_is_flat_in_k_and_sequential_grows():
+    par = StepCostModel(fixed_s=1e-3, per_token_s=0.0, draft_pass_s=1e-3, drafting="parallel")
+    seq = replace(par, drafting="sequential")
+    assert par.step_time_s(1, 11) == par.step_time_s(1, 3)
+    assert seq.step_time_s(1, 11) - seq.step_time_s(1, 3) == pytest.approx(8e-3)
+
+
+def test_k_is_off_when_verification_is_compute_bound():
+    compute_bound = StepCostModel(fixed_s=5e-3, per_token_s=1e-4, draft_pass_s=1e-3)
+    cfg = config(cost=compute_bound, max_num_seqs=256, acceptance_prior=geometric_acceptance(0.7, 11))
+    table = initial_state(cfg).k_by_batch
+    assert table[0] > 0  # one request: the fixed cost dominates, drafting pays
+    assert all(k == 0 for k in table[200:])  # verification is per token: drafting only costs
+
+
+def test_kv_lookahead_shrinks_the_admissible_batch_and_pushes_k_down_when_kv_is_tight():
+    assert max_batch_size(20_000, 100, 11, 1024) < max_batch_size(20_000, 100, 3, 1024)
+    # Short contexts, so the lookahead is a large share of each request's KV.
+    ample = config(lookahead_follows_k=True, default_context_tokens_per_req=16)
+    tight = replace(ample, kv_capacity_tokens=128 * 20)  # 128 requests fit only at K <= 3
+    assert initial_state(tight).k_by_batch[-1] < initial_state(ample).k_by_batch[-1]
+
+
+# -- acceptance estimate ----------------------------------------------------------------
+
+def test_acceptance_uses_drafts_that_reached_each_position_as_denominator():
+    est = prior_estimate((0.5,) * 4, 4, prior_drafts=1e-9)
+    # 100 drafts at K=4 and 300 at K=1: position 1 has 400 drafts, positions 2-4 have 100.
+    est = update_estimate(est, (400, 100, 100, 100), (320, 60, 40, 20), halflife_drafts=1e9, min_fresh_drafts=1)
+    assert est.acceptance_per_pos == pytest.approx((0.8, 0.6, 0.4, 0.2), abs=1e-6)
+
+
+def test_unmeasured_positions_keep_their_value_and_age():
+    est = prior_estimate(CODE, 11, prior_drafts=20)
+    est = update_estimate(est, (100,) * 3 + (0,) * 8, (90, 80, 70) + (0,) * 8, 1000, 50)
+    assert est.age_intervals[:3] == (0, 0, 0)
+    assert est.acceptance_per_pos[5] == pytest.approx(CODE[5])
+    assert all(a > 30 for a in est.age_intervals[3:])
+
+
+# -- policy -----------------------------------------------------------------------------
+
+def test_decision_schedule_is_a_valid_vllm_table_for_the_engine_config():
+    from configs.schema import SpecConfig
+
+    state = initial_state(config())
+    decision, _ = decide([ReplicaSignals("r0", 8, 0, 0.1)], state, config())
+    SpecConfig(method="peagle", head="h", num_speculative_tokens=11, schedule=[list(r) for r in decision.schedule])
+    assert decision.schedule[0][0] == 1 and decision.schedule[-1][1] == 128
+    assert dense_from_schedule(decision.schedule, 128, 11) == list(decision.k_by_batch)
+
+
+def test_controller_learns_lower_acceptance_and_lowers_k_with_a_reason():
+    cfg = config()
+    state, rng = initial_state(cfg), np.random.default_rng(0)
+    low = geometric_acceptance(0.55, 11)
+    decision = None
+    for _ in range(12):
+        decision, state = decide([engine_window(decision, "r0", 16, low, 40, rng)], state, cfg)
+        if decision.changed:
+            break
+    assert decision.changed and "K table changed" in decision.reason
+    assert decision.k_by_batch[15] < initial_state(cfg).k_by_batch[15]
+    assert decision.k_by_batch[15] == best_num_speculative_tokens(B200.cost, low, 16, 11, 512) or abs(
+        goodput_tokens_per_s(B200.cost, low, 16, decision.k_by_batch[15], 512)
+        / goodput_tokens_per_s(B200.cost, low, 16, best_num_speculative_tokens(B200.cost, low, 16, 11, 512), 512)
+        - 1) < cfg.switch_min_gain
+
+
+def test_hysteresis_prevents_flapping_on_noisy_acceptance():
+    def count_changes(cfg):
+        state, rng, decision, changes = initial_state(cfg), np.random.default_rng(1), None, 0
+        for _ in range(200):
+            # True acceptance fixed; only 4 steps per interval, so each window is noisy.
+            decision, state = decide([engine_window(decision, "r0", 8, CODE, 4, rng)], state, cfg)
+            changes += decision.changed
+        return changes
+
+    jittery = config(switch_min_gain=0.0, switch_dwell_intervals=1, acceptance_halflife_drafts=100)
+    steady = config(acceptance_halflife_drafts=100)
+    assert count_changes(jittery) > 20  # the noise is real: without hysteresis the table flaps
+    assert count_changes(steady) <= 2
+
+
+def test_probing_keeps_positions_beyond_current_k_fresh():
+    """At B=128 the table runs K≈4, so positions 5+ are never drafted. The workload's
+    deep acceptance improves; only probes can see it, and they must move K up."""
+    cfg = config(max_acceptance_age_intervals=5)
+    start = geometric_acceptance(0.7, 11)
+    state = replace(initial_state(replace(cfg, acceptance_prior=start)))
+    rng, decision = np.random.default_rng(2), None
+    k0 = state.k_by_batch[127]
+    better = tuple(start[:k0]) + tuple(start[k0 - 1] * 0.97**i for i in range(1, 12 - k0))
+    probes = 0
+    for _ in range(120):
+        decision, state = decide([engine_window(decision, "r0", 128, better, 20, rng)], state, cfg)
+        probes += decision.probe_replica is not None
+        if decision.probe_replica:
+            assert decision.probe_num_speculative_tokens > decision.k_by_batch[127]
+            assert "probe r0" in decision.reason
+    assert 0 < probes < 60
+    assert state.acceptance.acceptance_per_pos[k0 + 2] == pytest.approx(better[k0 + 2], abs=0.05)
+    assert state.k_by_batch[127] > k0
+
+
+def test_without_stale_positions_nobody_probes():
+    cfg = config(max_acceptance_age_intervals=10**6)
+    state = initial_state(cfg)
+    state = replace(state, acceptance=replace(state.acceptance, age_intervals=(0,) * 11))
+    decision, _ = decide([ReplicaSignals("r0", 128, 0, 0.5)], state, cfg)
+    assert decision.probe_replica is None and decision.probe_num_speculative_tokens == 0
+
+
+def test_measured_step_times_correct_the_calibration_and_lower_k():
+    cfg = config()
+    state = initial_state(cfg)
+    k_before = sum(state.k_by_batch[15:64])
+    costly = replace(B200.cost, spec_overhead_s=B200.cost.spec_overhead_s + 6e-3)  # speculation 6 ms dearer
+    samples = tuple(StepTimeSample(32, k, 200, costly.step_time_s(32, k, 32 * 512), 0.0, 512.0) for k in (0, 4, 8))
+    for _ in range(4):
+        _, state = decide([ReplicaSignals("r0", 32, 0, 0.2, step_samples=samples)], state, cfg)
+    assert state.step_time_scale[1] > 1.5 and state.step_time_scale[0] == pytest.approx(1.0, abs=0.1)
+    assert sum(state.k_by_batch[15:64]) < k_before  # each extra draft now costs more
+
+
+# -- replicas -----------------------------------------------------------------------------
+
+def test_replicas_follow_capacity_at_the_latency_target_not_queue_length():
+    cfg = config(max_replicas=64, target_tpot_s=0.004)
+    signals = [ReplicaSignals(f"r{i}", 100, 50, 0.5) for i in range(4)]  # 600 requests in system
+    high, _ = decide(signals, initial_state(cfg, 4), cfg)
+    low_cfg = replace(cfg, acceptance_prior=geometric_acceptance(0.4, 11))
+    low, _ = decide(signals, initial_state(low_cfg, 4), low_cfg)
+    # Same queue, lower acceptance: each replica serves fewer requests at the target.
+    assert low.capacity.batch_size < high.capacity.batch_size
+    assert low.target_replicas > high.target_replicas > 4
+    assert "scale up" in high.reason and "TPOT" in high.reason
+
+
+def test_scale_down_waits_for_the_dwell():
+    cfg = config(max_replicas=8, scale_down_dwell_intervals=3)
+    state = initial_state(cfg, 8)
+    targets = []
+    for _ in range(4):
+        decision, state = decide([ReplicaSignals("r0", 1, 0, 0.0)], state, cfg)
+        targets.append(decision.target_replicas)
+    assert targets == [8, 8, 1, 1]
+
+
+# -- calibration ----------------------------------------------------------------------------
+
+def test_fit_step_cost_recovers_known_coefficients():
+    truth = StepCostModel(fixed_s=4e-3, per_token_s=2e-5, moe_weight_load_s=2e-3, moe_num_experts=128,
+                          moe_experts_per_token=8, spec_overhead_s=5e-4, draft_pass_s=3e-4)
+    meas = [StepMeasurement(b, k, replace(truth, drafting=d).step_time_s(b, k), drafting=d)
+            for b in (1, 2, 4, 8, 32, 128) for k in (0, 3, 7, 11) for d in ("parallel", "sequential")]
+    template = replace(truth, **{f: 0.0 for f in ("fixed_s", "per_token_s", "moe_weight_load_s",
+                                                  "spec_overhead_s", "draft_pass_s")})
+    fitted, residuals = fit_step_cost(template, meas, ("fixed_s", "per_token_s", "moe_weight_load_s",
+                                                       "spec_overhead_s", "draft_pass_s"))
+    assert max(abs(r) for r in residuals) < 1e-6
+    assert fitted.coefficients() == pytest.approx(truth.coefficients(), rel=1e-4, abs=1e-12)
+
+
+def test_shipped_b200_calibration_is_the_fit_of_the_published_table():
+    cal, report = b200_qwen3_coder_calibration()
+    assert cal.cost.coefficients() == pytest.approx(B200.cost.coefficients(), rel=1e-6)
+    assert report["rms_relative_residual"] < 0.05 and report["max_abs_relative_residual"] < 0.10
+    # Out of sample, the published +2% of P-EAGLE over EAGLE-3 at c=128 is reproduced.
+    assert report["out_of_sample_check"]["peagle_best_over_eagle3_best_c128"] == pytest.approx(1.02, abs=0.02)
+
+
+def test_calibration_round_trips_and_placeholder_is_refused(tmp_path):
+    save_calibration(B200, tmp_path / "c.json")
+    assert load_calibration(tmp_path / "c.json") == B200
+    with pytest.raises(ValueError, match="placeholder"):
+        load_calibration("cpu-tiny.placeholder.json")
+    ph = load_calibration("cpu-tiny.placeholder.json", allow_placeholder=True)
+    assert ph.cost is None and ph.measurements == ()
+    bad = json.loads((tmp_path / "c.json").read_text()) | {"status": "guessed"}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="'guessed'"):
+        load_calibration(tmp_path / "bad.json")
+    assert isinstance(ph, Calibration)
+
+
+def test_control_package_imports_no_ray_vllm_or_torch():
+    code = ("import sys, control.policy, control.simulator, control.baselines, control.calibration, "
+            "control.scenarios; "
+            "print(sorted(m for m in ('ray', 'vllm', 'torch', 'pydantic', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
