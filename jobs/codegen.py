@@ -119,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        list_shards(FsSpec(cfg.s3_endpoint_url), cfg.input)  # fail fast, before starting Ray
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     import ray
 
     ray.init(ignore_reinit_error=True)

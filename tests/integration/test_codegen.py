@@ -147,3 +147,12 @@ def test_killed_job_resumes_without_recomputing_or_duplicating(s3, bucket, tiny_
     assert summary["rows_in"] == summary["rows_ok"] == 64
     assert sorted(summary["shards"]["skipped_already_committed"]) == sorted(
         p.rsplit("/", 1)[-1][:-5] for p in before)
+
+
+def test_missing_input_is_refused_naming_the_path(s3, bucket, repo_root):
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs.codegen", "--config", "tiny", f"input=s3://{bucket}/nothing-here/",
+         f"output=s3://{bucket}/nothing-out", f"s3_endpoint_url={s3.endpoint_url}"],
+        cwd=repo_root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert f"s3://{bucket}/nothing-here/" in proc.stderr and "Traceback" not in proc.stderr
