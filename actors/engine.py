@@ -275,8 +275,11 @@ class Engine:
         `logprobs_mode`), before any sampling transform; prefix-cache reads are skipped
         for such requests, so every position is computed. Speculative decoding, when
         configured, never verifies a draft here (no decode step follows), so it cannot
-        change a score; at most the draft head proposes once after the prefill.
-        Never raises for a bad row: returns `ok: False` with a reason instead.
+        change a score (the tiny model with P-EAGLE K=4 gives bitwise the same log-probs
+        as without speculation, and no drafts are counted). The discarded token does
+        count in the engine's output-token statistics. `priority` 1 = batch
+        (`actors.requests.PRIORITY_BATCH`). Never raises for a bad row: returns
+        `ok: False` with a reason instead.
         """
         from vllm import SamplingParams, TokensPrompt
 

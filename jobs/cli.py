@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+from typing import Any
 
 from configs import AppConfig, ConfigError, load_config, resource_plan, to_vllm_kwargs
 
@@ -50,3 +52,29 @@ def handle_dry_run(args: argparse.Namespace, cfg: AppConfig) -> bool:
     if args.dry_run:
         print(json.dumps(dry_run_report(cfg), indent=2))
     return args.dry_run
+
+
+def require_input_output(cfg: AppConfig) -> bool:
+    """Batch jobs need both; False (after saying which is missing) when not."""
+    if cfg.input and cfg.output:
+        return True
+    print(f"error: input and output are required, got input={cfg.input!r} output={cfg.output!r}",
+          file=sys.stderr)
+    return False
+
+
+def start_runtime() -> None:
+    """Logging, and Ray: the cluster of `ray job submit` / RAY_ADDRESS, else a local one."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    import ray
+
+    ray.init(ignore_reinit_error=True)
+
+
+def print_summary(summary: dict[str, Any], where: str) -> int:
+    """The summary without the bulky parts, where the outputs are, and the exit status:
+    0 only when every input row is accounted for."""
+    brief = {k: v for k, v in summary.items() if k not in ("config", "per_shard", "scoring")}
+    print(json.dumps(brief, indent=2))
+    print(where)
+    return 0 if summary["reconciled"] else 1

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from configs import AppConfig, dump_config
-from jobs.cli import handle_dry_run, parse_config, parser
+from jobs.cli import handle_dry_run, parse_config, parser, print_summary, require_input_output, start_runtime
 from pipelines.storage import FsSpec, OutputStore, list_shards
 
 log = logging.getLogger("jobs.codegen")
@@ -114,25 +114,17 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(args)
     if handle_dry_run(args, cfg):
         return 0
-    if not cfg.input or not cfg.output:
-        print(f"error: input and output are required, got input={cfg.input!r} output={cfg.output!r}",
-              file=sys.stderr)
+    if not require_input_output(cfg):
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         list_shards(FsSpec(cfg.s3_endpoint_url), cfg.input)  # fail fast, before starting Ray
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    import ray
-
-    ray.init(ignore_reinit_error=True)
+    start_runtime()
     summary = run_codegen(cfg)
-    brief = {k: v for k, v in summary.items() if k not in ("config", "per_shard")}
-    print(json.dumps(brief, indent=2))
-    print(f"results: {cfg.output.rstrip('/')}/results/  errors: {cfg.output.rstrip('/')}/errors/  "
-          f"summary: {cfg.output.rstrip('/')}/_summary.json")
-    return 0 if summary["reconciled"] else 1
+    out = cfg.output.rstrip("/")
+    return print_summary(summary, f"results: {out}/results/  errors: {out}/errors/  summary: {out}/_summary.json")
 
 
 if __name__ == "__main__":

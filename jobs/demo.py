@@ -3,7 +3,9 @@
 Starts a local S3 server (moto, 127.0.0.1) and a local Ray cluster (`ray start --head`,
 loopback only, its own temp dir and ports), uploads HumanEval's 164 prompts as a few
 JSONL shards, submits `jobs.codegen` with `ray job submit --working-dir .`, streams its
-logs, prints the summary and sample completions, and stops everything it started.
+logs, prints the summary and sample completions, then submits `jobs.score_code` on the
+completions (sandboxed HumanEval tests) and prints pass@1 next to the acceptance length;
+finally stops everything it started.
 
     python -m jobs.demo [--limit N] [--shards 4] [--config tiny] [a.b=value ...]
 """
@@ -94,16 +96,17 @@ def upload_humaneval(s3: LocalS3, prefix: str, num_shards: int, limit: int | Non
     return len(problems)
 
 
-def submit(cluster: LocalRayCluster, job_args: list[str], env: dict[str, str]) -> bool:
+def submit(cluster: LocalRayCluster, job_args: list[str], env: dict[str, str],
+           module: str = "jobs.codegen") -> bool:
     """`ray job submit` (retried while the fresh cluster's job agent comes up), then
     follow its logs; True if the job succeeded."""
     ray_bin = str(Path(sys.executable).with_name("ray"))
     cli_env = {**os.environ, **cluster.auth_env}
-    job_id = f"codegen-{int(time.time())}"
+    job_id = f"{module.rsplit('.', 1)[-1]}-{int(time.time())}"
     cmd = [ray_bin, "job", "submit", f"--address={cluster.address}", "--working-dir=.",
            f"--submission-id={job_id}", f"--runtime-env-json={json.dumps({'env_vars': env})}",
-           "--no-wait", "--", "python", "-m", "jobs.codegen", *job_args]
-    print("$ ray job submit --working-dir . -- python -m jobs.codegen " + " ".join(job_args), flush=True)
+           "--no-wait", "--", "python", "-m", module, *job_args]
+    print(f"$ ray job submit --working-dir . -- python -m {module} " + " ".join(job_args), flush=True)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while True:
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=cli_env, capture_output=True, text=True)
@@ -125,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="tiny")
     p.add_argument("--limit", type=int, default=None, help="first N HumanEval problems")
     p.add_argument("--shards", type=int, default=4)
+    p.add_argument("--no-score", action="store_true", help="skip the sandboxed pass@k scoring job")
     p.add_argument("overrides", nargs="*", metavar="a.b=value")
     args = p.parse_args(argv)
 
@@ -152,12 +156,21 @@ def main(argv: list[str] | None = None) -> int:
                 *args.overrides,
             ]
             ok = submit(cluster, job_args, dict(CREDENTIALS))
+            scored = None
+            if ok and not args.no_score:
+                from jobs.score_code import score_and_report
+
+                scored = score_and_report(
+                    s3.endpoint_url, output, f"s3://{BUCKET}/scores", print_report=False,
+                    run_job=lambda a: submit(cluster, a, dict(CREDENTIALS), module="jobs.score_code"))
         finally:
             cluster.stop()
         if not ok:
             print("the codegen job did not succeed", file=sys.stderr)
             return 1
         show_outputs(s3, output)
+        if scored is not None:
+            print(scored["report"])
     print(f"demo finished in {time.monotonic() - started:.0f}s; stopped local Ray and S3")
     return 0
 

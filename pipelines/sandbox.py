@@ -1,46 +1,52 @@
 """Run untrusted Python (model-written code) in a throw-away sandbox, one process tree
 per program. Linux only; uses what the OS ships: util-linux `unshare`/`setpriv`
-(Essential in Debian), namespaces, rlimits. No extra package.
+(Essential in Debian), namespaces, rlimits, seccomp. No extra package.
 
 How one run works. The caller takes a per-node slot (a lock file; at most
 `max_parallel_per_node` sandboxes run on a node at once) and starts
 `setpriv --pdeathsig KILL unshare --pid --fork --kill-child --mount --mount-proc --net
 --ipc --uts python -I -S sandbox.py SPEC`. This file's stage 2 runs as PID 1 of the new
 PID namespace, still privileged, and:
-  * remounts every mount read-only, hides /tmp, /var/tmp, /dev/shm, /run, /root, /home
-    and $HOME under empty read-only tmpfs (re-exposing only the interpreter's prefix,
-    read-only), mounts a fresh size-limited tmpfs on /tmp as the working directory, and
-    checks with statvfs that nothing else is writable (fail closed);
-  * forks the program: new session, uid/gid = a per-slot uid that owns nothing (as
-    root; without root: user namespace root with SECBIT_NOROOT, so no capabilities after
-    exec), no_new_privs, rlimits (CPU time, address space, file size, processes, open
-    files, no core), cleared environment; then `exec python -I -S main.py`;
+  * remounts every mount read-only; hides /tmp, /var/tmp, /dev/shm, /dev/mqueue, /run,
+    /root, /home and $HOME under empty read-only tmpfs (re-exposing only the
+    interpreter's prefix, read-only, at its own path); mounts a fresh size-limited tmpfs
+    on /tmp as the working directory; checks with statvfs that nothing else is writable
+    (fail closed);
+  * forks the program: new session; uid/gid = a per-slot uid that owns nothing (as
+    root; without root: root of a user namespace with SECBIT_NOROOT, so no capabilities
+    after exec); no_new_privs; rlimits (CPU time, address space, file size, processes,
+    open files, no core); a seccomp filter (x86_64) refusing namespace, mount, ptrace,
+    keyring, bpf, perf, io_uring, module and kexec syscalls; a cleared environment; then
+    `exec python -I -S main.py` with stdin /dev/null;
   * reaps everything, enforces the wall-clock timeout (SIGKILL to the whole namespace),
-    and reports exit status, CPU time and leftover processes to a file descriptor only
+    and reports exit status, CPU time and leftover processes on a file descriptor only
     it holds. When PID 1 exits the kernel kills whatever the program left behind, and the
     mount namespace with its tmpfs disappears: nothing is written to the host's disk
     except the program's stdout/stderr files (bounded by RLIMIT_FSIZE).
 As root, RLIMIT_NPROC does not bind (the kernel exempts uid 0), hence the per-slot uid:
-the process limit is per uid, so each concurrent sandbox needs its own.
+the process limit counts per uid, so each concurrent sandbox needs its own.
 
-The boundary this gives: no network (empty network namespace, loopback down); no writes
-outside its working directory; no view of host processes, their signals or IPC; a
-bounded number of processes, bytes of memory per process, CPU seconds per process,
-bytes per file, and wall-clock seconds; the host's secrets in files under the hidden
-paths and in the caller's environment are not visible.
+The boundary this gives: no network (empty network namespace, loopback down; abstract
+unix sockets are per namespace, socket files under the hidden paths are invisible); no
+writes outside its working directory; no view of, or signal to, host processes; no new
+namespaces or mounts; a bounded number of processes, memory per process, CPU seconds
+per process, bytes per file, and wall-clock seconds; neither the caller's environment
+(credentials) nor files under the hidden paths are visible.
 
 What it does NOT protect against:
-  * kernel bugs: it shares the host kernel (no VM; no seccomp syscall filter, so e.g.
-    user namespaces, io_uring, perf_event_open remain reachable kernel surface);
+  * kernel bugs: it shares the host kernel (no VM); seccomp is a deny-list of the
+    riskiest calls, x86_64 only (elsewhere namespaces + rlimits only);
   * reads of world-readable host files outside the hidden paths (source trees, /etc);
   * aggregate resources: memory is limited per process (RLIMIT_AS), so one sandbox can
-    hold up to max_processes x memory_bytes (+ its tmpfs); use cgroups for hard totals;
+    hold up to max_processes x memory_bytes (+ its tmpfs); cgroups would give hard totals;
   * CPU contention and timing side channels between concurrent sandboxes;
   * forged results: the program runs in one process with its test harness, so code that
-    targets the scorer (e.g. reads its own source for the pass marker) can fake a pass.
+    targets the scorer (e.g. reads its own source for the pass marker) can fake a pass;
   * hosts where namespaces are not permitted (e.g. unprivileged containers under a
     default seccomp profile): the sandbox refuses to run (`check_available`), it never
     falls back to running unsandboxed.
+Programs cannot use POSIX shared memory or semaphores (/dev/shm is read-only), so
+`multiprocessing` pools fail; fork, threads and subprocesses work within the limits.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ import json
 import os
 import resource
 import signal
+import struct
 import sys
 import time
 
@@ -69,8 +76,20 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 21
 PRESERVED_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
                    "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
-PR_SET_NO_NEW_PRIVS, PR_SET_SECUREBITS = 38, 28
+PR_SET_NO_NEW_PRIVS, PR_SET_SECUREBITS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 28, 22, 2
 SECBIT_NOROOT, SECBIT_NOROOT_LOCKED = 1, 2
+# seccomp (x86_64 only): syscalls a scored program never needs that open kernel surface
+# (namespaces, mounts, ptrace, keyrings, bpf, perf, io_uring, modules, kexec, ...).
+AUDIT_ARCH_X86_64, X32_SYSCALL_BIT = 0xC000003E, 0x40000000
+SYS_CLONE, SYS_CLONE3 = 56, 435
+DENIED_SYSCALLS_X86_64 = (
+    101, 155, 161, 163, 165, 166, 167, 168, 169, 175, 176, 179, 246, 248, 249, 250, 272, 298,
+    304, 308, 313, 320, 321, 323, 425, 426, 427, 428, 429, 430, 431, 432, 433, 442,
+)  # ptrace pivot_root chroot acct mount umount2 swapon swapoff reboot init/delete_module
+#   quotactl kexec_load add_key request_key keyctl unshare perf_event_open open_by_handle_at
+#   setns finit_module kexec_file_load bpf userfaultfd io_uring_* open_tree move_mount
+#   fsopen fsconfig fsmount fspick mount_setattr
+CLONE_NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
 
 
 # -- stage 2: runs inside the new namespaces, as PID 1, before dropping privileges ----------
@@ -148,10 +167,44 @@ def _exec_program(libc, spec, error_fd: int) -> None:
                        (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(res, value if isinstance(value, tuple) else (value, value))
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    _install_seccomp(libc)  # last: from here on only what the program itself may do
     os.closerange(3, error_fd)
     os.closerange(error_fd + 1, 1 << 16)
     exe = spec["python"]
     os.execve(exe, [exe, "-I", "-S", "-B", "main.py"], SAMPLE_ENV)
+
+
+def _seccomp_program() -> bytes:
+    """Classic BPF: wrong arch -> kill; x32 or a denied syscall -> EPERM; clone with a
+    namespace flag -> EPERM; clone3 -> ENOSYS (its flags are out of reach; libc then
+    falls back to clone); anything else allowed."""
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, deny, nosys, kill = 0x7FFF0000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS, 0x80000000
+    body = [(ld, 0, 0, 0), (jge, "DENY", 0, X32_SYSCALL_BIT)]
+    body += [(jeq, "DENY", 0, nr) for nr in DENIED_SYSCALLS_X86_64]
+    body += [(jeq, "NOSYS", 0, SYS_CLONE3), (jeq, 0, "ALLOW", SYS_CLONE), (ld, 0, 0, 16),
+             (jset, "DENY", "ALLOW", CLONE_NAMESPACE_FLAGS)]
+    prog = [(ld, 0, 0, 4), (jeq, 0, "KILL", AUDIT_ARCH_X86_64), *body]
+    labels = {"ALLOW": len(prog), "DENY": len(prog) + 1, "NOSYS": len(prog) + 2, "KILL": len(prog) + 3}
+    prog += [(ret, 0, 0, allow), (ret, 0, 0, deny), (ret, 0, 0, nosys), (ret, 0, 0, kill)]
+
+    def offset(target, here):
+        return labels[target] - here - 1 if isinstance(target, str) else target
+
+    return b"".join(struct.pack("<HBBI", code, offset(jt, i), offset(jf, i), k)
+                    for i, (code, jt, jf, k) in enumerate(prog))
+
+
+def _install_seccomp(libc) -> bool:
+    if os.uname().machine != "x86_64":
+        return False  # syscall numbers differ per architecture; namespaces + rlimits only
+    code = _seccomp_program()
+    filters = ctypes.create_string_buffer(code, len(code))
+    fprog = struct.pack("<HxxxxxxQ", len(code) // 8, ctypes.addressof(filters))
+    fprog_buf = ctypes.create_string_buffer(fprog, len(fprog))
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.c_ulong(ctypes.addressof(fprog_buf)), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+    return True
 
 
 def _supervise(child: int, timeout_s: float) -> dict:
@@ -161,20 +214,24 @@ def _supervise(child: int, timeout_s: float) -> dict:
     while True:
         pid, wstatus, usage = os.wait4(-1, os.WNOHANG)
         if pid == child:
+            left = _num_processes() - 1  # what it left running, without PID 1
             break
         if pid == 0:
             if time.monotonic() >= deadline:
-                timed_out = True
+                timed_out, left = True, _num_processes() - 2
                 os.kill(-1, signal.SIGKILL)  # everything in this namespace but PID 1
                 _, wstatus, usage = os.wait4(child, 0)
                 break
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
-    left = sum(1 for n in os.listdir("/proc") if n.isdigit()) - 1
     sig = os.WTERMSIG(wstatus) if os.WIFSIGNALED(wstatus) else None
     return {"timed_out": timed_out, "exit_code": os.WEXITSTATUS(wstatus) if os.WIFEXITED(wstatus) else None,
             "signal": signal.Signals(sig).name if sig else None, "num_processes_left": left,
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 3), "max_rss_kb": usage.ru_maxrss}
+
+
+def _num_processes() -> int:
+    return sum(1 for name in os.listdir("/proc") if name.isdigit())
 
 
 def _stage2(spec: dict) -> int:
@@ -250,6 +307,9 @@ class SandboxLimits:
         for name, value in asdict(self).items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"SandboxLimits.{name} must be a positive number, got {value!r}")
+        if self.uid_base + self.max_parallel_per_node >= 2**31:
+            raise ValueError(f"SandboxLimits.uid_base + max_parallel_per_node must stay below 2**31, "
+                             f"got {self.uid_base!r} + {self.max_parallel_per_node!r}")
 
 
 @dataclass(frozen=True)
@@ -333,8 +393,11 @@ def _hidden_paths() -> list[str]:
 def _node_slot(limits: SandboxLimits) -> Iterator[int]:
     """A free slot on this node (flock on one of N lock files, released on exit or if the
     holder dies): the per-node bound on concurrent sandboxes and each one's own uid."""
-    lock_dir = os.path.join(tempfile.gettempdir(), f"peagle-sandbox-{os.geteuid()}")
+    # A fixed path (not $TMPDIR): every process on the node must share the same slots.
+    lock_dir = f"/tmp/peagle-sandbox-{os.geteuid()}"
     os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+    if os.stat(lock_dir).st_uid != os.geteuid():
+        raise PermissionError(f"{lock_dir} belongs to uid {os.stat(lock_dir).st_uid}, not to this user")
     deadline = time.monotonic() + limits.slot_wait_s
     while True:
         for slot in range(limits.max_parallel_per_node):

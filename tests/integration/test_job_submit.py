@@ -17,6 +17,7 @@ def test_demo_submits_codegen_with_ray_job_submit_and_reports_summary(repo_root,
     assert "ray job submit --working-dir . -- python -m jobs.codegen" in proc.stdout
     assert "rows in 8 | ok 8 | errors 0 | reconciled True" in proc.stdout
     assert "mean acceptance length" in proc.stdout
+    assert "pass@1" in proc.stdout and "python -m jobs.score_code" in proc.stdout
     # It stopped what it started: no Ray cluster of its own is left behind.
     leftover = subprocess.run(["pgrep", "-f", "peagle-ray-"], capture_output=True, text=True)
     assert leftover.stdout.strip() == ""

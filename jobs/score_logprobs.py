@@ -1,0 +1,93 @@
+"""Likelihood scoring: (prompt, completion) shards from S3 -> log-probabilities -> S3.
+
+    python -m jobs.score_logprobs --config tiny input=s3://bucket/pairs/ \
+        output=s3://bucket/logprobs/ [s3_endpoint_url=http://127.0.0.1:5555] \
+        [scoring.logprobs.token_logprobs=true] [scoring.logprobs.num_top_logprobs=5] \
+        [a.b=value ...] [--dry-run]
+
+Also as `ray job submit --working-dir . -- python -m jobs.score_logprobs ...`. Input rows
+{"custom_id" or "id", "prompt", "completion"}; output lines {"custom_id", "score":
+{total_logprob, mean_logprob, num_tokens, perplexity, num_prompt_tokens[, token_ids,
+token_logprobs, top_logprobs]}} in results/NAME.jsonl, rows that could not be scored in
+errors/NAME.jsonl with a reason (bad_json, missing_field, invalid_request,
+empty_prompt, empty_completion, too_long, duplicate_custom_id, engine_error), then
+_commits/NAME.json: codegen's shard/commit/resume semantics. The engine keeps its
+configured speculation; it cannot change a score (prefill only, see `Engine.score`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from typing import Any
+
+from configs import AppConfig, dump_config
+from jobs.cli import handle_dry_run, parse_config, parser, print_summary, require_input_output, start_runtime
+from pipelines.scoring import LogprobScoringConfig, totals
+from pipelines.storage import FsSpec, OutputStore, list_shards
+
+log = logging.getLogger("jobs.score_logprobs")
+
+
+def run_score_logprobs(cfg: AppConfig, scoring: LogprobScoringConfig) -> dict[str, Any]:
+    """Run (or resume) the job; returns the summary it also writes to `_summary.json`."""
+    from pipelines.logprob_scoring import build_logprob_dataset, render_score, tally_score
+    from pipelines.scoring import ScoreCommitter, drain, shard_item
+
+    started = time.monotonic()
+    fs_spec = FsSpec(cfg.s3_endpoint_url)
+    store = OutputStore(fs_spec, cfg.output)
+    shards = list_shards(fs_spec, cfg.input)
+    committed = store.committed()
+    todo = [s for s in shards if s.name not in committed]
+    log.info("%d shards: %d already committed, %d to run", len(shards), len(committed), len(todo))
+    store.write_text("_config.yaml", dump_config(cfg) + "---\n" + json.dumps({"scoring": {"logprobs": scoring.model_dump()}}))
+    committer = ScoreCommitter(store, store.committed_ids(list(committed)), render_score, tally_score)
+    if todo:
+        ds = build_logprob_dataset(cfg, [shard_item(s.name, [s]) for s in todo], fs_spec, scoring)
+        drain(ds, committer, [s.name for s in todo])
+    markers = {**committed, **committer.markers}
+    count = totals(markers, ("rows", "ok", "errors", "num_tokens", "total_logprob"))
+    mean = count["total_logprob"] / count["num_tokens"] if count["num_tokens"] else None
+    summary = {
+        "job": "score_logprobs",
+        "input": cfg.input,
+        "output": cfg.output,
+        "shards": {"total": len(shards), "committed": len(markers),
+                   "skipped_already_committed": sorted(committed), "run_now": sorted(committer.markers)},
+        "rows_in": count["rows"],
+        "rows_ok": count["ok"],
+        "rows_error": count["errors"],
+        "reconciled": count["rows"] == count["ok"] + count["errors"],
+        "num_tokens": count["num_tokens"],
+        "total_logprob": count["total_logprob"],
+        # Token-weighted over all scored rows (corpus perplexity), not a mean of rows.
+        "mean_logprob_per_token": mean,
+        "perplexity": math.exp(-mean) if mean is not None and -mean < 709 else None,
+        "this_run": {"elapsed_s": round(time.monotonic() - started, 2)},
+        "config": cfg.model_dump(mode="json"),
+        "scoring": scoring.model_dump(),
+    }
+    store.write_text("_summary.json", json.dumps(summary, indent=2))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser(__doc__.strip().splitlines()[0]).parse_args(argv)
+    cfg = parse_config(args)
+    if handle_dry_run(args, cfg):
+        print(json.dumps({"scoring": {"logprobs": cfg.scoring.logprobs.model_dump()}}, indent=2))
+        return 0
+    if not require_input_output(cfg):
+        return 2
+    start_runtime()
+    summary = run_score_logprobs(cfg, cfg.scoring.logprobs)
+    out = cfg.output.rstrip("/")
+    return print_summary(summary, f"results: {out}/results/  errors: {out}/errors/  summary: {out}/_summary.json")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
