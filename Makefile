@@ -37,5 +37,5 @@ test-fast: install
 bench: install
 	$(PY) -m benchmarks.run_all
 
-clean:
-	rm -rf artifacts/tiny out
+clean:  # artifacts/tiny is committed (trained); only scratch goes
+	rm -rf out artifacts/train

@@ -104,7 +104,7 @@ def submit(cluster: LocalRayCluster, job_args: list[str], env: dict[str, str],
     cli_env = {**os.environ, **cluster.auth_env}
     job_id = f"{module.rsplit('.', 1)[-1]}-{int(time.time())}"
     cmd = [ray_bin, "job", "submit", f"--address={cluster.address}", "--working-dir=.",
-           f"--submission-id={job_id}", f"--runtime-env-json={json.dumps({'env_vars': env})}",
+           f"--submission-id={job_id}", f"--runtime-env-json={json.dumps({'env_vars': env, 'excludes': ['artifacts/', 'out/']})}",
            "--no-wait", "--", "python", "-m", module, *job_args]
     print(f"$ ray job submit --working-dir . -- python -m {module} " + " ".join(job_args), flush=True)
     deadline = time.monotonic() + READY_TIMEOUT_S

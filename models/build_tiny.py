@@ -38,7 +38,7 @@ from models.spec import TinySpec
 from models.tokenizer import DEFAULT_CORPUS_MAX_BYTES, write_json
 
 # Bump when anything that changes the bytes of a build changes (forces a rebuild).
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -92,20 +92,11 @@ def is_built(out_dir: Path, seed: int = 0, spec: TinySpec | None = None) -> bool
         return False
     if info.get("builder_version") != BUILDER_VERSION:
         return False
-    for rel_path, entry in info.get("files", {}).items():
-        path = Path(out_dir) / rel_path
-        if not path.is_file() or layout.sha256_file(path) != entry["sha256"]:
-            return False
-    return bool(info.get("files"))
-
-
-def is_trained_build(out_dir: Path) -> bool:
-    """True when out_dir's build_info.json records a trained build (complete or not)."""
-    info = _read_info(Path(out_dir))
-    return bool(info and info.get("trained"))
+    return _files_intact(out_dir, info)
 
 
 def _files_intact(out_dir: Path, info: dict) -> bool:
+    """Every file build_info.json records exists with its recorded sha256."""
     files = info.get("files", {})
     return bool(files) and all(
         (Path(out_dir) / rel).is_file()
@@ -116,13 +107,15 @@ def _files_intact(out_dir: Path, info: dict) -> bool:
 
 def _build_into(out_dir: Path, seed: int, spec: TinySpec, trained: dict | None = None) -> dict:
     """Random tensors for seed, or (trained) the given ones: `trained` maps "target",
-    "peagle-head", "eagle3-head" to float32 numpy tensors and "training" to a summary
-    recorded in build_info.json."""
+    "peagle-head", "eagle3-head" to float32 numpy tensors, "training" to a summary
+    recorded in build_info.json and, optionally, "tokenizer" to the already trained
+    tokenizer (saves training it again)."""
     from models import weights
     from models.tokenizer import MASK_TOKEN, SPECIAL_TOKEN_IDS, train_tokenizer
 
     started = time.monotonic()
-    tokenizer = train_tokenizer(spec.vocab_size, DEFAULT_CORPUS_MAX_BYTES)
+    tokenizer = (trained or {}).get("tokenizer") or train_tokenizer(
+        spec.vocab_size, DEFAULT_CORPUS_MAX_BYTES)
     _log(f"tokenizer: byte-level BPE, {tokenizer.get_vocab_size()} tokens "
          f"({time.monotonic() - started:.1f}s)")
 

@@ -101,8 +101,6 @@ def write_corpus(out_path: Path, tokenizer, max_train_bytes: int | None = None,
 
 def _read_npy(raw: bytes):
     """(descr, shape, payload) of a `.npy` blob (format versions 1-3)."""
-    import torch  # noqa: F401  (callers turn the payload into a tensor)
-
     if raw[:6] != b"\x93NUMPY":
         raise ValueError(f"not a .npy blob: {raw[:6]!r}")
     major = raw[6]
@@ -138,7 +136,11 @@ def load_corpus(path: Path | str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from models.tokenizer import DEFAULT_CORPUS_MAX_BYTES, DEFAULT_VOCAB_SIZE, train_tokenizer
+    from models.tokenizer import (
+        DEFAULT_CORPUS_MAX_BYTES,
+        DEFAULT_VOCAB_SIZE,
+        train_tokenizer,
+    )
 
     parser = argparse.ArgumentParser(prog="python -m models.data", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="corpus .npz path")

@@ -64,17 +64,24 @@ def training_summary(metrics: dict) -> dict:
     return summary
 
 
-def export(trained_dir: Path, out_dir: Path, seed: int = 0, force_tokenizer: bool = False):
-    """Write a trained build into out_dir (replacing what is there); returns TinyArtifacts."""
+def export(trained_dir: Path, out_dir: Path, seed: int = 0, force_tokenizer: bool = False,
+           tokenizer=None):
+    """Write a trained build into out_dir (replacing what is there); returns TinyArtifacts.
+    tokenizer: this interpreter's trained tokenizer, if the caller already has it."""
     from models import weights
     from models.build_tiny import build
     from models.data import tokenizer_sha256
-    from models.tokenizer import DEFAULT_CORPUS_MAX_BYTES, DEFAULT_VOCAB_SIZE, train_tokenizer
+    from models.tokenizer import (
+        DEFAULT_CORPUS_MAX_BYTES,
+        DEFAULT_VOCAB_SIZE,
+        train_tokenizer,
+    )
 
     trained_dir = Path(trained_dir)
     metrics = json.loads((trained_dir / "metrics.json").read_text())
     want_sha = metrics["corpus_meta"]["tokenizer_sha256"]
-    got_sha = tokenizer_sha256(train_tokenizer(DEFAULT_VOCAB_SIZE, DEFAULT_CORPUS_MAX_BYTES))
+    tokenizer = tokenizer or train_tokenizer(DEFAULT_VOCAB_SIZE, DEFAULT_CORPUS_MAX_BYTES)
+    got_sha = tokenizer_sha256(tokenizer)
     if got_sha != want_sha and not force_tokenizer:
         raise ValueError(
             f"the corpus was tokenized with tokenizer {want_sha[:12]}, this interpreter trains "
@@ -88,7 +95,7 @@ def export(trained_dir: Path, out_dir: Path, seed: int = 0, force_tokenizer: boo
     _check("peagle-head", tensors["peagle-head"], weights.head_weights(spec, seed, True))
     _check("eagle3-head", tensors["eagle3-head"], weights.head_weights(spec, seed, False))
     return build(Path(out_dir), seed=metrics["seed"], spec=spec,
-                 trained={**tensors, "training": training_summary(metrics)})
+                 trained={**tensors, "training": training_summary(metrics), "tokenizer": tokenizer})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,7 +48,13 @@ class TinySpec:
     # the head's fc (3·H inputs) no longer matches the hidden states it is given.
     aux_layer_ids: tuple[int, ...] = (1, 2, 3)
     draft_vocab_size: int = 4096  # == vocab_size: no d2t mapping needed
+    # Decoder layers per head. EAGLE-3 drafts one token per pass, so one layer
+    # suffices. P-EAGLE's mask slots (draft positions 2..K) all read the same
+    # constant input; with one layer each is a single attention hop over the
+    # context, and a trained one-layer head almost never got position 3 accepted.
+    # More layers let slot d read what earlier layers made of slots < d.
     head_num_hidden_layers: int = 1
+    peagle_head_num_hidden_layers: int = 3
 
     def __post_init__(self) -> None:
         if self.vocab_size % 64 != 0:
@@ -71,12 +77,19 @@ class TinySpec:
                 f"aux_layer_ids must be distinct ids in [0, {self.num_hidden_layers}], "
                 f"got {ids!r}"
             )
+        for name in ("head_num_hidden_layers", "peagle_head_num_hidden_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.draft_vocab_size != self.vocab_size:
             # A smaller draft vocab needs a d2t table that this builder does not make.
             raise ValueError(
                 f"draft_vocab_size must equal vocab_size ({self.vocab_size}), "
                 f"got {self.draft_vocab_size!r}"
             )
+
+    def num_head_layers(self, parallel_drafting: bool) -> int:
+        """Decoder layers of the P-EAGLE head (parallel_drafting) or the EAGLE-3 head."""
+        return self.peagle_head_num_hidden_layers if parallel_drafting else self.head_num_hidden_layers
 
     @property
     def num_aux_hidden_states(self) -> int:
@@ -145,7 +158,7 @@ def head_config(spec: TinySpec, parallel_drafting: bool) -> dict:
     config = {
         **_llama_common(spec),
         "architectures": [HEAD_ARCHITECTURE],
-        "num_hidden_layers": spec.head_num_hidden_layers,
+        "num_hidden_layers": spec.num_head_layers(parallel_drafting),
         "draft_vocab_size": spec.draft_vocab_size,
         "target_hidden_size": spec.hidden_size,
         "eagle_config": {

@@ -1,14 +1,15 @@
 """The EAGLE-3 / P-EAGLE draft head in torch, with vLLM 0.32's math, for training.
 
 Owns: the head's parameters under the checkpoint names `llama_eagle3.py` loads
-(`midlayer.*` with its extra `hidden_norm`, `fc.weight` [H, 3·H], `norm.weight`,
-`lm_head.weight`, and for P-EAGLE `mask_hidden` [1, 3·H]); one head step over a set
-of draft "slots"; and the slot attention mask.
+(`midlayer.*` with its extra `hidden_norm`, further layers `layers.<i>.*`,
+`fc.weight` [H, 3·H], `norm.weight`, `lm_head.weight`, and for P-EAGLE `mask_hidden`
+[1, 3·H]); one head step over a set of draft "slots"; and the slot attention mask.
 
-The math, as vLLM runs it (`Eagle3LlamaForCausalLM`, one decoder layer):
+The math, as vLLM runs it (`Eagle3LlamaForCausalLM`):
     residual = hidden                       # fc(aux) for real slots, fc(mask_hidden)
-    x = cat(input_layernorm(embed), hidden_norm(hidden))   # 2·H into q/k/v
+    x = cat(input_layernorm(embed), hidden_norm(hidden))   # layer 0: 2·H into q/k/v
     residual = residual + o_proj(attn(x));  residual = residual + mlp(post_ln(residual))
+    layers i ≥ 1: plain pre-norm Llama layers on `residual`
     logits = lm_head(norm(residual));  `residual` (pre-norm) is the hidden an
     autoregressive EAGLE-3 step feeds back (H wide, NOT through fc again).
 
@@ -49,6 +50,9 @@ class EagleHead(nn.Module):
         self.spec = spec
         fc_in = spec.num_aux_hidden_states * spec.hidden_size
         self.midlayer = MidLayer(spec)
+        # Checkpoint names `layers.1.*`, `layers.2.*`, ... (`midlayer` is layer 0).
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(spec)
+                                     for i in range(1, spec.num_head_layers(parallel_drafting))})
         self.fc = nn.Linear(fc_in, spec.hidden_size, bias=False)
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = nn.Linear(spec.hidden_size, spec.draft_vocab_size, bias=False)
@@ -64,30 +68,41 @@ class EagleHead(nn.Module):
                     p.fill_(1.0)
                 elif name == "mask_hidden":
                     p.copy_(torch.randn(p.shape, generator=gen) * aux_rms)
-                elif name.startswith("midlayer."):
-                    std = 0.02 / 2**0.5 if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+                elif name.startswith(("midlayer.", "layers.")):
+                    num_layers = 1 + len(self.layers)
+                    std = 0.02 / (2 * num_layers) ** 0.5 if name.endswith(
+                        ("o_proj.weight", "down_proj.weight")) else 0.02
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
             self.fc.weight.copy_(torch.randn(self.fc.weight.shape, generator=gen) * self.fc.in_features**-0.5)
             self.lm_head.weight.copy_(target.lm_head.weight)
             self.norm.weight.copy_(target.model.norm.weight)
+
+    def new_kv_cache(self) -> list[list]:
+        return [[] for _ in range(1 + len(self.layers))]
 
     def step(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
              mask: torch.Tensor, kv_cache: list | None = None):
         """One pass of the head over new slots.
 
         embeds, hidden [B, S, H]; positions [S]; mask bool [S, S_cached + S].
-        kv_cache: list of (k, v) from earlier passes (keys come first, in order); the
-        new slots' (k, v) are appended. Returns (logits [B, S, V], prenorm [B, S, H]).
+        kv_cache (from `new_kv_cache`): per layer, the (k, v) of earlier passes (keys
+        come first, in order); the new slots' (k, v) are appended.
+        Returns (logits [B, S, V], prenorm [B, S, H]).
         """
-        layer = self.midlayer
-        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
-        q, k, v = layer.self_attn.qkv(x, positions)
-        if kv_cache is not None:
-            kv_cache.append((k, v))
-            k = torch.cat([kk for kk, _ in kv_cache], dim=2)
-            v = torch.cat([vv for _, vv in kv_cache], dim=2)
-        residual = hidden + layer.self_attn.attend(q, k, v, mask)
-        residual = residual + layer.mlp(layer.post_attention_layernorm(residual))
+        mid = self.midlayer
+        residual = hidden
+        for i, layer in enumerate([mid, *self.layers.values()]):
+            if i == 0:
+                x = torch.cat([mid.input_layernorm(embeds), mid.hidden_norm(hidden)], dim=-1)
+            else:
+                x = layer.input_layernorm(residual)
+            q, k, v = layer.self_attn.qkv(x, positions)
+            if kv_cache is not None:
+                kv_cache[i].append((k, v))
+                k = torch.cat([kk for kk, _ in kv_cache[i]], dim=2)
+                v = torch.cat([vv for _, vv in kv_cache[i]], dim=2)
+            residual = residual + layer.self_attn.attend(q, k, v, mask)
+            residual = residual + layer.mlp(layer.post_attention_layernorm(residual))
         return self.lm_head(self.norm(residual)), residual
 
     def head_state_dict(self) -> dict[str, torch.Tensor]:

@@ -152,8 +152,7 @@ class TinyLlama(nn.Module):
         """logits [B, S, V] (last_only: [B, 1, V]) and, if asked, aux hidden states
         concatenated [B, S, n·H] in sorted id order (vLLM sorts and de-duplicates
         them the same way)."""
-        b, s = input_ids.shape
-        positions = torch.arange(s, device=input_ids.device)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.model.embed_tokens(input_ids)
         wanted = sorted(set(aux_layer_ids))
         aux = []

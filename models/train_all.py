@@ -34,12 +34,10 @@ def _log(message: str) -> None:
     print(f"[train_all] {message}", flush=True)
 
 
-def ensure_corpus(path: Path, budget: str) -> dict:
+def ensure_corpus(path: Path, budget: str, tokenizer) -> dict:
     """The corpus for budget at path, (re)made unless it matches this tokenizer."""
     from models.data import BUDGETS, load_corpus, tokenizer_sha256, write_corpus
-    from models.tokenizer import DEFAULT_CORPUS_MAX_BYTES, DEFAULT_VOCAB_SIZE, train_tokenizer
 
-    tokenizer = train_tokenizer(DEFAULT_VOCAB_SIZE, DEFAULT_CORPUS_MAX_BYTES)
     if path.is_file():
         meta = load_corpus(path)["meta"]
         if meta.get("tokenizer_sha256") == tokenizer_sha256(tokenizer) and meta.get("budget") == budget:
@@ -67,21 +65,34 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.seed < 0:
         parser.error(f"--seed must be >= 0, got {args.seed!r}")
+    if args.from_trained is None and args.budget == "full" and not args.device.startswith("cuda"):
+        parser.error(f"--budget full needs a GPU (about 4 min on one H200), got --device "
+                     f"{args.device!r}; on CPU use --budget smoke")
+    if args.budget == "smoke" and args.from_trained is None and (
+            args.out.resolve() == default_artifacts_dir().resolve()):
+        parser.error("a smoke build would replace the committed trained models in "
+                     f"{str(args.out)!r}; give --out another directory")
 
     import torch
 
     from models import train_core
     from models.export import export
+    from models.tokenizer import (
+        DEFAULT_CORPUS_MAX_BYTES,
+        DEFAULT_VOCAB_SIZE,
+        train_tokenizer,
+    )
 
     torch.set_num_threads(args.threads)
     started = time.monotonic()
+    tokenizer = train_tokenizer(DEFAULT_VOCAB_SIZE, DEFAULT_CORPUS_MAX_BYTES)
     trained_dir = args.from_trained
     if trained_dir is None:
         corpus_path = args.work / f"corpus-{args.budget}.npz"
-        ensure_corpus(corpus_path, args.budget)
+        ensure_corpus(corpus_path, args.budget, tokenizer)
         trained_dir = args.work / f"trained-{args.budget}"
         train_core.run(corpus_path, trained_dir, args.device, args.seed, args.budget)
-    artifacts = export(trained_dir, args.out)
+    artifacts = export(trained_dir, args.out, tokenizer=tokenizer)
     summary = artifacts.info["training"]
     _log(json.dumps({"out": str(artifacts.root), "target": summary["target"]}, indent=2))
     _log(f"done in {time.monotonic() - started:.1f}s")

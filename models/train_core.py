@@ -3,9 +3,10 @@
     python -m models.train_core --corpus corpus.npz --out trained/ --device cuda \
         --seed 0 --budget full [--target-steps N] [--head-steps M]
 
-Owns: the budgets (`full`: sized for about 4 minutes on one H200; `smoke`: well
-under a minute on a laptop CPU), the order of work (target, then both heads against
-the frozen target), and the output folder:
+Owns: the budgets (`full`: 255 s on one H200 for the committed build: target 58 s,
+greedy pool 40 s, head loop capped at 130 s, evaluations; `smoke`: about 30 s on
+one CPU thread), the order of work (target, then both heads against the frozen
+target), and the output folder:
     target.NN.pt       Hugging Face `LlamaForCausalLM` names, float32
     peagle_head.NN.pt  EAGLE-3 checkpoint names + `mask_hidden`, float32
     eagle3_head.NN.pt  EAGLE-3 checkpoint names, float32
@@ -40,11 +41,11 @@ from models.train_target import TargetConfig, train_target
 BUDGETS: dict[str, tuple[TargetConfig, HeadConfig]] = {
     "full": (
         TargetConfig(steps=3000, batch_size=32, seq_len=1024, max_seconds=140.0, log_every=250),
-        HeadConfig(steps=3000, batch_size=16, seq_len=512, num_generated=1024, prompt_len=128,
-                   max_seconds=150.0, log_every=250),
+        HeadConfig(steps=3000, batch_size=16, seq_len=512, num_generated=2048, prompt_len=128,
+                   max_seconds=130.0, log_every=250),
     ),
     "smoke": (
-        TargetConfig(steps=40, batch_size=8, seq_len=128, peak_lr=5e-3, max_seconds=30.0,
+        TargetConfig(steps=30, batch_size=8, seq_len=128, peak_lr=5e-3, max_seconds=30.0,
                      eval_windows=16, log_every=10),
         HeadConfig(steps=12, batch_size=4, seq_len=64, num_generated=8, prompt_len=16,
                    peak_lr=3e-3, max_seconds=15.0, eval_sequences=4, log_every=4),

@@ -107,21 +107,20 @@ def head_weights(spec: TinySpec, seed: int, parallel_drafting: bool) -> dict[str
 
     Names as vLLM's `Eagle3LlamaForCausalLM.load_weights` reads them: `midlayer.*`
     (renamed to `layers.0.*`; its q/k/v read 2·H = embedding ⊕ hidden, and it has an
-    extra `hidden_norm`), `fc.weight` [H, n_aux·H_target], `norm.weight`,
-    `lm_head.weight` [draft_vocab, H], `mask_hidden` [1, n_aux·H_target]. No
-    `embed_tokens`: vLLM then shares the target's. No `d2t`: the draft vocab equals
-    the target's. The P-EAGLE and EAGLE-3 heads share every other tensor.
+    extra `hidden_norm`), further layers `layers.<i>.*` (plain Llama layers, q/k/v
+    read H), `fc.weight` [H, n_aux·H_target], `norm.weight`, `lm_head.weight`
+    [draft_vocab, H], `mask_hidden` [1, n_aux·H_target]. No `embed_tokens`: vLLM then
+    shares the target's. No `d2t`: the draft vocab equals the target's. The P-EAGLE
+    and EAGLE-3 heads share every tensor they both have.
     """
-    if spec.head_num_hidden_layers != 1:
-        raise ValueError(
-            f"only one-layer heads are built, got head_num_hidden_layers="
-            f"{spec.head_num_hidden_layers!r}"
-        )
     key = "head"
     h = spec.hidden_size
     fc_in = spec.num_aux_hidden_states * spec.hidden_size
-    tensors = _decoder_layer(seed, key, "midlayer.", spec, 2 * h, 1)
+    num_layers = spec.num_head_layers(parallel_drafting)
+    tensors = _decoder_layer(seed, key, "midlayer.", spec, 2 * h, num_layers)
     tensors["midlayer.hidden_norm.weight"] = _ones(h)
+    for layer in range(1, num_layers):
+        tensors.update(_decoder_layer(seed, key, f"layers.{layer}.", spec, h, num_layers))
     tensors["fc.weight"] = _normal(seed, f"{key}/fc.weight", (h, fc_in), fc_in**-0.5)
     tensors["norm.weight"] = _ones(h)
     tensors["lm_head.weight"] = _lm_head(seed, f"{key}/lm_head.weight", spec, spec.draft_vocab_size)

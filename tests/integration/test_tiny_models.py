@@ -9,7 +9,7 @@ choices have real margins; a P-EAGLE head without `mask_hidden` is refused.
 
 All vLLM work runs once, in one child process (this file run as a script), so the
 engine's thread binding and global state never leak into the pytest process and only
-one vLLM runs at a time. Runtime ≈ 30 s on 2 cores.
+one vLLM runs at a time. Runtime ≈ 60-100 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 MAX_TOKENS = 32
 NUM_SPECULATIVE_TOKENS = 4
-# Trained heads on these prompts measured ≈ TODO; the floor leaves room for retraining.
+# The committed trained heads measured 2.36 (P-EAGLE) and 2.82 (EAGLE-3) on these
+# prompts; random heads get exactly 1.0. The floor leaves room for a retrained build.
 MIN_TRAINED_ACCEPTANCE_LENGTH = 1.8
 KV_CACHE_BYTES = 64 * 2**20
 PROMPTS = [

@@ -8,7 +8,7 @@ run) leaves a trained build alone but refuses to paper over a damaged one. Also:
 corpus file reads back with torch alone, and the torch target matches transformers.
 
 The recipe and vLLM each run in a child process (one vLLM at a time, its thread
-binding kept out of pytest). Runtime ≈ 70 s on 2 cores.
+binding kept out of pytest). Runtime ≈ 65 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def _run(args: list[str], timeout_s: int) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run([sys.executable, *args], cwd=REPO_ROOT, env=env,
+    proc = subprocess.run([sys.executable, *args], check=False, cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         pytest.fail(f"{args[:2]} failed (rc={proc.returncode}):\n{proc.stderr[-6000:]}")
@@ -85,12 +85,12 @@ def test_trained_build_records_training_and_is_left_alone(smoke, tmp_path):
 @pytest.mark.integration
 def test_vllm_serves_trained_heads_losslessly(smoke, tmp_path):
     out = tmp_path / "acceptance.json"
-    _run(["-m", "models.measure_acceptance", "--models", str(smoke["build"]), "--limit", "3",
-          "--max-tokens", "12", "--json", str(out)], timeout_s=300)
+    _run(["-m", "models.measure_acceptance", "--models", str(smoke["build"]), "--limit", "2",
+          "--max-tokens", "8", "--json", str(out)], timeout_s=300)
     report = json.loads(out.read_text())
     for name in ("peagle", "eagle3"):
         result = report["vllm"][name]
-        assert result["identical_to_target"] == "3/3", name
+        assert result["identical_to_target"] == "2/2", name
         assert result["num_drafts"] > 0
         assert len(result["acceptance_per_pos"]) == 4
         assert name in report["offline_replay"]
