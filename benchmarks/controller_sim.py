@@ -26,7 +26,7 @@ from control.scenarios import (
 )
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibration", default="b200-qwen3-coder-30b-a3b.json")
     ap.add_argument("--duration-s", type=float, default=20.0, help="simulated seconds per sweep point")
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     _plot(sweep, trace_out, args.out_dir)
     print(f"\nwrote {args.out_dir}/controller_sim.json, controller_throughput.png, controller_k_over_time.png "
           f"({time.time() - t0:.0f} s)")
-    return result
+    return 0
 
 
 def _plot(sweep, traces, out_dir: Path) -> None:

@@ -89,7 +89,7 @@ def _child(argv: list[str]) -> None:
     print("RESULT " + json.dumps(run_config(method, k, conc, per_level, max_tokens)), flush=True)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--ks", type=int, nargs="+", default=[3, 7, 11])
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     print_table(results, args.ks, args.concurrency)
     (OUT_DIR / "peagle_table.json").write_text(json.dumps(report, indent=2))
     plot(results, args.ks, args.concurrency)
-    return report
+    return 0
 
 
 def print_table(results: dict, ks: list[int], concurrency: list[int]) -> None:
