@@ -19,6 +19,7 @@ from typing import Any
 
 from configs import AppConfig, dump_config
 from jobs.cli import handle_dry_run, parse_config, parser, print_summary, require_input_output, start_runtime
+from pipelines.sink import summary_head
 from pipelines.storage import FsSpec, OutputStore, list_shards
 
 log = logging.getLogger("jobs.codegen")
@@ -74,22 +75,13 @@ def _status_line(committer, started: float) -> str:
 
 def build_summary(cfg, shards, committed_before, committer, elapsed_s: float) -> dict[str, Any]:
     markers = {**committed_before, **committer.markers}
-    totals = {k: sum(m[k] for m in markers.values()) for k in ("rows", "ok", "errors", "prompt_tokens", "output_tokens")}
+    tokens = {k: sum(m[k] for m in markers.values()) for k in ("prompt_tokens", "output_tokens")}
     run_output_tokens = sum(m["output_tokens"] for m in committer.markers.values())
     stats = committer.spec_stats()
     return {
-        "job": "codegen",
-        "input": cfg.input,
-        "output": cfg.output,
-        "shards": {"total": len(shards), "committed": len(markers),
-                   "skipped_already_committed": sorted(committed_before),
-                   "run_now": sorted(committer.markers)},
-        "rows_in": totals["rows"],
-        "rows_ok": totals["ok"],
-        "rows_error": totals["errors"],
-        "reconciled": totals["rows"] == totals["ok"] + totals["errors"],
-        "prompt_tokens": totals["prompt_tokens"],
-        "output_tokens": totals["output_tokens"],
+        **summary_head("codegen", cfg.input, cfg.output, len(shards), committed_before, committer.markers),
+        "prompt_tokens": tokens["prompt_tokens"],
+        "output_tokens": tokens["output_tokens"],
         "this_run": {
             "elapsed_s": round(elapsed_s, 2),
             "output_tokens": run_output_tokens,

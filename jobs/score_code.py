@@ -30,7 +30,8 @@ from typing import Any
 
 from configs import AppConfig, dump_config
 from jobs.cli import parse_config, parser, print_summary, require_input_output, start_runtime
-from pipelines.scoring import CodeScoringConfig, totals
+from pipelines.sink import summary_head
+from pipelines.scoring import CodeScoringConfig
 from pipelines.storage import FsSpec, OutputStore, Shard, list_shards
 
 log = logging.getLogger("jobs.score_code")
@@ -68,7 +69,7 @@ def run_score_code(cfg: AppConfig, scoring: CodeScoringConfig) -> dict[str, Any]
     committed = store.committed()
     todo = [(name, files) for name, files in shards if name not in committed]
     log.info("%d shards: %d already scored, %d to run", len(shards), len(committed), len(todo))
-    store.write_text("_config.yaml", dump_config(cfg) + "---\n" + json.dumps({"scoring": {"code": scoring.model_dump()}}))
+    store.write_text("_config.yaml", dump_config(cfg))
     committer = ScoreCommitter(store, store.committed_ids(list(committed)), render_result, tally_result)
     if todo:
         marker = f"__passed_{secrets.token_hex(16)}__"
@@ -83,17 +84,8 @@ def run_score_code(cfg: AppConfig, scoring: CodeScoringConfig) -> dict[str, Any]
             results += [json.loads(line) for line in store.fs.cat_file(path).decode().splitlines() if line]
     tasks, overall = pass_at_k_report(results, problems, scoring.k)
     store.write_text("pass_at_k.jsonl", "".join(json.dumps(t) + "\n" for t in tasks))
-    count = totals(markers, ("rows", "ok", "errors", "passed"))
     summary = {
-        "job": "score_code",
-        "input": cfg.input,
-        "output": cfg.output,
-        "shards": {"total": len(shards), "committed": len(markers),
-                   "skipped_already_committed": sorted(committed), "run_now": sorted(committer.markers)},
-        "rows_in": count["rows"],
-        "rows_ok": count["ok"],
-        "rows_error": count["errors"],
-        "reconciled": count["rows"] == count["ok"] + count["errors"],
+        **summary_head("score_code", cfg.input, cfg.output, len(shards), committed, committer.markers),
         **overall,
         "sandbox": scoring.sandbox_limits().__dict__,
         "this_run": {"elapsed_s": round(time.monotonic() - started, 2)},

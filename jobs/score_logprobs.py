@@ -26,6 +26,7 @@ from typing import Any
 
 from configs import AppConfig, dump_config
 from jobs.cli import handle_dry_run, parse_config, parser, print_summary, require_input_output, start_runtime
+from pipelines.sink import summary_head
 from pipelines.scoring import LogprobScoringConfig, totals
 from pipelines.storage import FsSpec, OutputStore, list_shards
 
@@ -44,7 +45,7 @@ def run_score_logprobs(cfg: AppConfig, scoring: LogprobScoringConfig) -> dict[st
     committed = store.committed()
     todo = [s for s in shards if s.name not in committed]
     log.info("%d shards: %d already committed, %d to run", len(shards), len(committed), len(todo))
-    store.write_text("_config.yaml", dump_config(cfg) + "---\n" + json.dumps({"scoring": {"logprobs": scoring.model_dump()}}))
+    store.write_text("_config.yaml", dump_config(cfg))
     committer = ScoreCommitter(store, store.committed_ids(list(committed)), render_score, tally_score)
     if todo:
         ds = build_logprob_dataset(cfg, [shard_item(s.name, [s]) for s in todo], fs_spec, scoring)
@@ -53,15 +54,7 @@ def run_score_logprobs(cfg: AppConfig, scoring: LogprobScoringConfig) -> dict[st
     count = totals(markers, ("rows", "ok", "errors", "num_tokens", "total_logprob"))
     mean = count["total_logprob"] / count["num_tokens"] if count["num_tokens"] else None
     summary = {
-        "job": "score_logprobs",
-        "input": cfg.input,
-        "output": cfg.output,
-        "shards": {"total": len(shards), "committed": len(markers),
-                   "skipped_already_committed": sorted(committed), "run_now": sorted(committer.markers)},
-        "rows_in": count["rows"],
-        "rows_ok": count["ok"],
-        "rows_error": count["errors"],
-        "reconciled": count["rows"] == count["ok"] + count["errors"],
+        **summary_head("score_logprobs", cfg.input, cfg.output, len(shards), committed, committer.markers),
         "num_tokens": count["num_tokens"],
         "total_logprob": count["total_logprob"],
         # Token-weighted over all scored rows (corpus perplexity), not a mean of rows.

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from configs.schema import CodeScoringConfig, LogprobScoringConfig, ScoringConfig  # noqa: F401 (re-export)
 from pipelines.rows import RowError, error_line
+from pipelines.sink import ShardCollector
 from pipelines.storage import FsSpec, OutputStore, Shard, read_shard
 
 if TYPE_CHECKING:
@@ -130,45 +131,22 @@ def columns(rows: list[dict[str, Any]], extra: tuple[str, ...] = ("result",)) ->
 # -- committing -------------------------------------------------------------------------
 
 
-class ScoreCommitter:
+class ScoreCommitter(ShardCollector):
     """Driver-side sink: when the last row of a shard arrives, write its result lines
     (`render(custom_id, result)`), its error lines, then its marker, whose counters are
     the sums of `tally(result)` over the shard's results."""
 
+    key_column = "row_no"  # one input line may give several rows
+
     def __init__(self, store: OutputStore, seen_ids: set[str],
                  render: Callable[[str, dict], dict], tally: Callable[[dict], dict[str, float]]):
+        super().__init__(seen_ids)
         self.store, self.render, self.tally = store, render, tally
-        self.seen_ids = set(seen_ids)
-        self.pending: dict[str, dict[int, dict[str, Any]]] = {}
-        self.expected: dict[str, int] = {}
-        self.markers: dict[str, dict[str, Any]] = {}
-        self.num_rows_seen = 0
-
-    def add(self, row: dict[str, Any]) -> str | None:
-        shard = row["shard"]
-        if shard in self.markers:
-            return None  # late duplicate of a retried task
-        rows = self.pending.setdefault(shard, {})
-        if row["row_no"] not in rows:
-            self.num_rows_seen += 1
-        rows[row["row_no"]] = row
-        self.expected[shard] = row["shard_rows"]
-        if len(rows) == self.expected[shard]:
-            self._commit(shard)
-            return shard
-        return None
-
-    def commit_empty(self, shard: str) -> None:
-        self.pending.setdefault(shard, {})
-        self.expected[shard] = 0
-        self._commit(shard)
 
     def _commit(self, shard: str) -> None:
         results, errors, sums = [], [], {}
         for _, row in sorted(self.pending.pop(shard).items()):
-            cid, error = row["custom_id"], row["error"]
-            if error is None and cid in self.seen_ids:
-                error = error_json("duplicate_custom_id", f"custom_id {cid!r} already appears earlier in the job's output")
+            cid, error = row["custom_id"], self.duplicate_error(row)
             if error is not None:
                 err = json.loads(error)
                 errors.append(error_line(cid, err["reason"], err["message"], row["line_no"]))
@@ -177,8 +155,6 @@ class ScoreCommitter:
                 results.append(self.render(cid, result))
                 for key, value in self.tally(result).items():
                     sums[key] = sums.get(key, 0) + value
-            if cid is not None:
-                self.seen_ids.add(cid)
         marker = {"shard": shard, "rows": len(results) + len(errors), "ok": len(results), "errors": len(errors),
                   **sums, "committed_at": time.time()}
         self.store.commit_shard(shard, results, errors, marker)
@@ -199,9 +175,8 @@ def drain(ds: "ray.data.Dataset", committer: ScoreCommitter, todo: list[str]) ->
     for name in todo:
         if name not in committer.markers and name not in committer.pending:
             committer.commit_empty(name)  # a shard with no rows at all
-    incomplete = {s: (len(r), committer.expected[s]) for s, r in committer.pending.items()}
-    if incomplete:
-        raise RuntimeError(f"shards ended incomplete (seen, expected): {incomplete}")
+    if committer.incomplete:
+        raise RuntimeError(f"shards ended incomplete (seen, expected): {committer.incomplete}")
 
 
 def totals(markers: dict[str, dict[str, Any]], keys: tuple[str, ...]) -> dict[str, float]:

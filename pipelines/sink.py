@@ -23,14 +23,17 @@ from pipelines.storage import OutputStore
 log = logging.getLogger(__name__)
 
 
-class ShardCommitter:
-    def __init__(self, store: OutputStore, model_name: str, seen_ids: set[str]):
-        self.store = store
-        self.model_name = model_name
+class ShardCollector:
+    """Collects streamed rows per shard and commits a shard when its last row arrives.
+    Rows are keyed by `key_column` within a shard (a retried task's duplicate counts
+    once); subclasses write the shard in `_commit` and record its marker."""
+
+    key_column = "line_no"
+
+    def __init__(self, seen_ids: set[str]):
         self.seen_ids = set(seen_ids)
         self.pending: dict[str, dict[int, dict[str, Any]]] = {}
         self.expected: dict[str, int] = {}
-        self.engine_stats: dict[str, dict[str, Any]] = {}
         self.markers: dict[str, dict[str, Any]] = {}
         self.num_rows_seen = 0
 
@@ -39,12 +42,11 @@ class ShardCommitter:
         shard = row["shard"]
         if shard in self.markers:
             return None  # late duplicate of a retried task
-        if row.get("engine_key"):
-            self.engine_stats[row["engine_key"]] = json.loads(row["engine_stats"])
+        self._observe(row)
         rows = self.pending.setdefault(shard, {})
-        if row["line_no"] not in rows:
+        if row[self.key_column] not in rows:
             self.num_rows_seen += 1
-        rows[row["line_no"]] = row
+        rows[row[self.key_column]] = row
         self.expected[shard] = row["shard_rows"]
         if len(rows) == self.expected[shard]:
             self._commit(shard)
@@ -56,26 +58,55 @@ class ShardCommitter:
         self.expected[shard] = 0
         self._commit(shard)
 
+    @property
+    def incomplete(self) -> dict[str, tuple[int, int]]:
+        """Shards with rows still missing: name -> (seen, expected)."""
+        return {s: (len(r), self.expected[s]) for s, r in self.pending.items()}
+
+    def duplicate_error(self, row: dict[str, Any]) -> str | None:
+        """The row's error, or a `duplicate_custom_id` error for a good row whose id is
+        already committed; records the id as seen."""
+        cid, error = row["custom_id"], row["error"]
+        if error is None and cid in self.seen_ids:
+            error = json.dumps({"reason": "duplicate_custom_id",
+                                "message": f"custom_id {cid!r} already appears earlier in the job's output"})
+        if cid is not None:
+            self.seen_ids.add(cid)
+        return error
+
+    def _observe(self, row: dict[str, Any]) -> None:
+        """Hook for per-row side information (engine statistics)."""
+
+    def _commit(self, shard: str) -> None:
+        raise NotImplementedError
+
+
+class ShardCommitter(ShardCollector):
+    """Codegen's sink: OpenAI Batch result and error lines per shard."""
+
+    def __init__(self, store: OutputStore, model_name: str, seen_ids: set[str]):
+        super().__init__(seen_ids)
+        self.store = store
+        self.model_name = model_name
+        self.engine_stats: dict[str, dict[str, Any]] = {}
+
+    def _observe(self, row: dict[str, Any]) -> None:
+        if row.get("engine_key"):
+            self.engine_stats[row["engine_key"]] = json.loads(row["engine_stats"])
+
     def _commit(self, shard: str) -> None:
         results, errors = [], []
         prompt_tokens = output_tokens = 0
         for line_no, row in sorted(self.pending.pop(shard).items()):
-            cid = row["custom_id"]
-            if row["error"] is None and cid in self.seen_ids:
-                row = {**row, "error": json.dumps({
-                    "reason": "duplicate_custom_id",
-                    "message": f"custom_id {cid!r} already appears earlier in the job's output",
-                })}
-            if row["error"] is not None:
-                err = json.loads(row["error"])
+            cid, error = row["custom_id"], self.duplicate_error(row)
+            if error is not None:
+                err = json.loads(error)
                 errors.append(error_line(cid, err["reason"], err["message"], line_no))
             else:
                 result = json.loads(row["result"])
                 results.append(response_line(cid, row["kind"], result, self.model_name))
                 prompt_tokens += result["num_prompt_tokens"]
                 output_tokens += result["num_output_tokens"]
-            if cid is not None:
-                self.seen_ids.add(cid)
         marker = {
             "shard": shard,
             "rows": len(results) + len(errors),
@@ -89,11 +120,6 @@ class ShardCommitter:
         self.markers[shard] = marker
         log.info("committed shard %s: %d ok, %d errors", shard, len(results), len(errors))
 
-    @property
-    def incomplete(self) -> dict[str, tuple[int, int]]:
-        """Shards with rows still missing: name -> (seen, expected)."""
-        return {s: (len(r), self.expected[s]) for s, r in self.pending.items()}
-
     def spec_stats(self) -> SpecDecodeStats:
         """The engines' counters as last reported, summed (each engine reports cumulative
         values; a restarted engine reports under a new key, so nothing is lost)."""
@@ -101,3 +127,22 @@ class ShardCommitter:
         for data in self.engine_stats.values():
             total = total.merge(SpecDecodeStats.from_dict(data))
         return total
+
+
+def summary_head(job: str, input_uri: str, output_uri: str, num_shards: int,
+                 committed_before: dict[str, dict], committed_now: dict[str, dict]) -> dict[str, Any]:
+    """The part every job's `_summary.json` shares: shards and row counts over all
+    committed shards (earlier runs included), and whether they reconcile."""
+    markers = {**committed_before, **committed_now}
+    rows, ok, errors = (sum(m[k] for m in markers.values()) for k in ("rows", "ok", "errors"))
+    return {
+        "job": job,
+        "input": input_uri,
+        "output": output_uri,
+        "shards": {"total": num_shards, "committed": len(markers),
+                   "skipped_already_committed": sorted(committed_before), "run_now": sorted(committed_now)},
+        "rows_in": rows,
+        "rows_ok": ok,
+        "rows_error": errors,
+        "reconciled": rows == ok + errors,
+    }
