@@ -15,6 +15,9 @@ import time
 
 BENCHMARKS = [
     "benchmarks.codegen_throughput",
+    "benchmarks.peagle_table",
+    "benchmarks.online_vs_batch",
+    "benchmarks.controller_sim",
 ]
 
 
