@@ -36,11 +36,17 @@ def sandbox_works():
     check_available(SMALL)
 
 
-@pytest.fixture
+def _visible_dir():
+    """A host directory the sandbox sees (read-only): not under /tmp, /run or $HOME, which
+    it hides altogether. /var/lib when we may write there (root, as in CI), else the repo."""
+    return Path("/var/lib") if os.access("/var/lib", os.W_OK) else REPO_ROOT / ".pytest_cache"
+
+
+@pytest.fixture()
 def canary():
     """A world-writable file outside the sandbox's view of /tmp: only the read-only
     mount can protect it (file permissions would not)."""
-    directory = REPO_ROOT / ".pytest_cache" / f"sandbox-canary-{uuid.uuid4().hex[:8]}"
+    directory = _visible_dir() / f"sandbox-canary-{uuid.uuid4().hex[:8]}"
     directory.mkdir(parents=True)
     path = directory / "keep.txt"
     path.write_text("untouched\n")
@@ -141,7 +147,11 @@ for attempt in (lambda: open({str(canary)!r}, "w").write("pwned"),
     result = run_python(program, SMALL)
     assert result.status == "ok", result
     assert "WROTE" not in result.stdout_tail
-    assert result.stdout_tail.count("Read-only file system") >= 5, result.stdout_tail
+    outcomes = result.stdout_tail.strip().splitlines()
+    assert len(outcomes) == 6, result.stdout_tail
+    assert all(line.endswith("Read-only file system") for line in outcomes[:3]), outcomes  # the canary
+    refused = ("Read-only file system", "No such file or directory", "Permission denied")
+    assert all(line.endswith(refused) for line in outcomes), outcomes  # hidden paths read as absent
     assert (REPO_ROOT / "pyproject.toml").exists()
 
 

@@ -2,9 +2,11 @@
 with a reason each, hostile samples contained, and codegen's output fed in as it is."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -88,7 +90,8 @@ BAD = [
 @pytest.fixture
 def canary(repo_root):
     """World-writable, outside the sandbox's /tmp: only its read-only mount protects it."""
-    directory = repo_root / ".pytest_cache" / "score-code-canary"
+    base = Path("/var/lib") if os.access("/var/lib", os.W_OK) else repo_root / ".pytest_cache"
+    directory = base / f"score-code-canary-{os.getpid()}"  # not under /tmp: the sandbox hides that
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "keep.txt").write_text("untouched\n")
     directory.chmod(0o777)
