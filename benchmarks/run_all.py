@@ -28,7 +28,7 @@ def main() -> int:
         started = time.monotonic()
         try:
             status = importlib.import_module(name).main([])
-        except Exception as exc:  # one broken benchmark must not hide the others' results
+        except Exception as exc:  # noqa: BLE001 -- one broken benchmark must not hide the others
             print(f"{name} raised {type(exc).__name__}: {exc}", flush=True)
             status = 1
         print(f"=== {name}: {'ok' if status == 0 else f'FAILED ({status})'} "
