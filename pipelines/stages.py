@@ -97,6 +97,16 @@ class EngineStage:
         done = await asyncio.gather(*(self._run_row(r) for r in rows))
         return self._columns(list(done))
 
+    def __del__(self):
+        # Ray Data calls this when it retires the actor: stop the engine core first, so
+        # teardown does not log a spurious EngineDeadError from the output handler.
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            try:
+                engine.shutdown()
+            except Exception:  # best effort at teardown; the process is going away anyway
+                pass
+
     def _columns(self, rows: list[dict[str, Any]]) -> dict[str, list]:
         stats = json.dumps(self.engine.stats.as_dict())
         cols = {k: [r[k] for r in rows] for k in (*ROW_COLUMNS, "result")}
