@@ -582,7 +582,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(json.dumps(setup, indent=2))
         return 0
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a running arm is stopped too
+    # SIGTERM as SystemExit, so a running arm is stopped too; restored for run_all's next one.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return run_all_arms(args, arms, setup)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_all_arms(args: argparse.Namespace, arms: list[str], setup: dict[str, Any]) -> int:
+    num_prompts = setup["num_prompts"]
     out_dir = Path(args.out_dir)
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
