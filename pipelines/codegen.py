@@ -57,6 +57,9 @@ def build_codegen_dataset(
         batch_format="numpy",
         num_cpus=plan.cpus_per_actor,
         num_gpus=plan.gpus_per_actor,
+        # Several Ray Data tasks (blocks) per actor at once, so the engine does not drain
+        # at a block/shard boundary; EngineStage caps the requests actually in flight.
+        max_concurrency=CONCURRENT_BATCHES_PER_ACTOR,
         **remote_args,
     )
 

@@ -78,11 +78,14 @@ class EngineStage:
         app = AppConfig.model_validate(cfg)
         self.engine = Engine(app.engine, app.sampling, device=app.pool.device)
         self.engine_key = f"{os.getpid()}-{time.time_ns()}"
+        # Rows in the engine at once, across all batches and blocks this actor holds.
+        self.slots = asyncio.Semaphore(app.pool.max_requests_in_flight)
 
     async def _run_row(self, row: dict[str, Any]) -> dict[str, Any]:
         out = {k: row[k] for k in ROW_COLUMNS}
         if row["error"] is None:
-            result = await self.engine.generate(json.loads(row["request"]))
+            async with self.slots:
+                result = await self.engine.generate(json.loads(row["request"]))
             if result["ok"]:
                 out["result"] = json.dumps(result)
             else:
