@@ -20,7 +20,7 @@ from typing import Any
 from configs import AppConfig, dump_config
 from jobs.cli import handle_dry_run, parse_config, parser, print_summary, require_input_output, start_runtime
 from pipelines.sink import summary_head
-from pipelines.storage import FsSpec, OutputStore, list_shards
+from pipelines.storage import FsSpec, OutputStore, list_shards, plan_resume
 
 log = logging.getLogger("jobs.codegen")
 
@@ -36,10 +36,7 @@ def run_codegen(cfg: AppConfig, stage_cls: type | None = None) -> dict[str, Any]
     started = time.monotonic()
     fs_spec = FsSpec(cfg.s3_endpoint_url)
     store = OutputStore(fs_spec, cfg.output)
-    shards = list_shards(fs_spec, cfg.input)
-    committed = store.committed()
-    todo = [s for s in shards if s.name not in committed]
-    log.info("%d shards: %d already committed, %d to run", len(shards), len(committed), len(todo))
+    shards, committed, todo = plan_resume(fs_spec, cfg.input, store)
     store.write_text("_config.yaml", dump_config(cfg))
     committer = ShardCommitter(store, cfg.engine.model, store.committed_ids(list(committed)))
     if todo:

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import fsspec
+
+log = logging.getLogger(__name__)
 
 SHARD_SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -151,3 +154,12 @@ class OutputStore:
 
     def read_json(self, name: str) -> Any:
         return json.loads(self.fs.cat_file(self._path(name)))
+
+
+def plan_resume(fs_spec: FsSpec, input_uri: str, store: OutputStore) -> tuple[list[Shard], dict[str, dict], list[Shard]]:
+    """(all shards, markers of those already committed, shards still to run)."""
+    shards = list_shards(fs_spec, input_uri)
+    committed = store.committed()
+    todo = [s for s in shards if s.name not in committed]
+    log.info("%d shards: %d already committed, %d to run", len(shards), len(committed), len(todo))
+    return shards, committed, todo
