@@ -5,7 +5,7 @@ PIP     := .venv/bin/pip
 STAMP   := .venv/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 EXTRA   ?= cpu
 
-.PHONY: install demo serve test test-fast bench clean
+.PHONY: install demo serve test test-fast bench calibrate clean
 
 install: $(STAMP) artifacts/tiny/build_info.json
 
@@ -36,6 +36,12 @@ test-fast: install
 
 bench: install
 	$(PY) -m benchmarks.run_all
+
+# Step time vs batch size and K of the tiny preset on THIS machine, fitted into the
+# speculation controller's calibration (1-6 minutes, longer under load); see README "Calibration".
+calibrate: install
+	$(PY) -m jobs.profile_steps --config tiny --out configs/calibration/cpu-tiny.json \
+		--plot out/calibrate/cpu-tiny.png
 
 clean:  # artifacts/tiny is committed (trained); only scratch goes
 	rm -rf out artifacts/train

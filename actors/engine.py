@@ -25,9 +25,9 @@ from actors.requests import (
     parse_request,
     resolved_sampling,
 )
-from actors.spec_stats import SpecDecodeStats
+from actors.spec_stats import SpecDecodeStats, StepWindow
 from configs.schema import EngineConfig, SamplingDefaults
-from configs.vllm_args import to_vllm_kwargs
+from configs.vllm_args import live_k_values, to_vllm_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,11 @@ class _StatsSink:
     """vLLM stat logger (its `StatLoggerBase` protocol) feeding a `SpecDecodeStats` and
     the latest scheduler signals. Built by vLLM through the factory in `Engine`."""
 
-    def __init__(self, stats: SpecDecodeStats, signals: dict[str, Any]):
+    def __init__(self, stats: SpecDecodeStats, signals: dict[str, Any], window: StepWindow):
         self.stats = stats
         self.signals = signals
+        self.window = window
+        self.kv_capacity_tokens = 0  # set once the engine knows its KV size
 
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
         now = time.monotonic()
@@ -66,13 +68,14 @@ class _StatsSink:
                 updated_at_s=now,
             )
             spec = scheduler_stats.spec_decoding_stats
+            per_pos = list(spec.num_accepted_tokens_per_pos) if spec is not None else []
             if spec is not None:
-                self.stats.observe_drafts(
-                    spec.num_drafts,
-                    spec.num_draft_tokens,
-                    spec.num_accepted_tokens,
-                    list(spec.num_accepted_tokens_per_pos),
-                )
+                self.stats.observe_drafts(spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens, per_pos)
+            running = scheduler_stats.num_running_reqs
+            self.window.observe_step(
+                now, running, spec.num_drafts if spec else 0, spec.num_draft_tokens if spec else 0, per_pos,
+                iteration_stats.num_prompt_tokens if iteration_stats is not None else 0,
+                scheduler_stats.kv_cache_usage * self.kv_capacity_tokens / running if running else 0.0)
         if iteration_stats is not None:
             self.stats.observe_tokens(
                 iteration_stats.num_prompt_tokens, iteration_stats.num_generation_tokens, now
@@ -88,6 +91,13 @@ class _StatsSink:
         pass
 
 
+def _kv_capacity_tokens(vllm_config) -> int:
+    """KV slots the engine ended up with (blocks x block size), 0 if not known."""
+    cache = vllm_config.cache_config
+    blocks = getattr(cache, "num_gpu_blocks", None) or 0
+    return int(blocks * (cache.block_size or 0))
+
+
 class Engine:
     """One vLLM `AsyncLLM` plus request mapping and statistics."""
 
@@ -97,11 +107,17 @@ class Engine:
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.metrics.loggers import StatLoggerBase
 
+        if cfg.spec.controller is not None and cfg.spec.schedule is None:
+            from actors.spec_control import startup_schedule
+
+            cfg = cfg.model_copy(deep=True)
+            cfg.spec.schedule = startup_schedule(cfg)  # a table from the start: K can then change live
         self.cfg = cfg
         self.defaults = defaults or SamplingDefaults()
         self.stats = SpecDecodeStats(num_spec_tokens=cfg.spec.num_speculative_tokens or 0)
         self.signals: dict[str, Any] = {}
-        sink = _StatsSink(self.stats, self.signals)
+        self.step_window = StepWindow()
+        sink = _StatsSink(self.stats, self.signals, self.step_window)
 
         class _Logger(StatLoggerBase):  # vLLM checks the base class of custom loggers
             def __init__(self, vllm_config, engine_index=0):
@@ -115,6 +131,13 @@ class Engine:
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.kwargs), stat_loggers=[_Logger])
         self._tokenizer = self._llm.get_tokenizer()
         self.max_model_len = self._llm.model_config.max_model_len
+        self.kv_capacity_tokens = _kv_capacity_tokens(self._llm.vllm_config)
+        sink.kv_capacity_tokens = self.kv_capacity_tokens
+        self.controller = None
+        if cfg.spec.controller is not None:
+            from actors.spec_control import LiveSpecController
+
+            self.controller = LiveSpecController(self, cfg, self.kv_capacity_tokens)
         self.startup_s = time.monotonic() - started
         log.info("engine ready in %.1fs: %s spec=%s", self.startup_s, cfg.model, cfg.spec.method)
 
@@ -153,6 +176,7 @@ class Engine:
         """Run one request; never raises for a bad or failed request: the result dict
         carries `ok: False` and an `error` with a reason instead."""
         request_id = str(request.get("id", "")) if isinstance(request, dict) else ""
+        self._ensure_controller()
         try:
             req = parse_request(request)
             prompt_ids = self._prompt_token_ids(req)
@@ -213,12 +237,54 @@ class Engine:
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
         from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+        self._ensure_controller()
         argv = ["--model", self.kwargs["model"], "--served-model-name", served_model_name]
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
         tasks = await self._llm.get_supported_tasks()
         app = build_app(args, tasks, self._llm.model_config)
         await init_app_state(self._llm, app.state, args, tasks)
         return app
+
+    # -- speculation depth -------------------------------------------------------------
+
+    async def set_spec_schedule(self, schedule: list[list[int]]) -> dict[str, Any]:
+        """Put a batch-size -> K table ([[lo, hi, K], ...]) in force from the next step on,
+        without touching running requests (`actors.live_schedule`). Returns the table now
+        in force. Raises ValueError naming the problem for a bad table or a K this engine
+        cannot run (`configs.vllm_args.live_k_values`); the engine core refuses a table
+        when the engine was started without one."""
+        from actors.live_schedule import METHOD
+        from configs.schema import check_schedule
+
+        max_k = self.cfg.spec.num_speculative_tokens or 0
+        if not max_k:
+            raise ValueError(f"engine runs spec.method={self.cfg.spec.method!r}: there is no K to change")
+        table = [[int(v) for v in r] for r in schedule]
+        check_schedule(table, max_k)
+        allowed = live_k_values(self.cfg)
+        bad = sorted({r[2] for r in table} - set(allowed))
+        if bad:
+            raise ValueError(f"K={bad} cannot run on this engine (spec.method={self.cfg.spec.method!r}, "
+                             f"num_speculative_tokens={max_k}); allowed K values are {allowed} "
+                             "(why: configs.vllm_args.live_k_values)")
+        applied = await self._llm.engine_core.call_utility_async(METHOD, table)
+        self.step_window.skip_next_gap()  # that gap holds the change itself
+        return applied
+
+    def _ensure_controller(self) -> None:
+        if self.controller is not None:
+            self.controller.ensure_running()
+
+    def spec_control_state(self) -> dict[str, Any] | None:
+        """The controller's view (K in force, table, latest reason, recent changes,
+        predicted capacity), or None when K is fixed (no `engine.spec.controller`)."""
+        return self.controller.state() if self.controller is not None else None
+
+    async def spec_schedule(self) -> dict[str, Any]:
+        """The batch-size -> K table in force."""
+        from actors.live_schedule import GET_METHOD
+
+        return await self._llm.engine_core.call_utility_async(GET_METHOD)
 
     async def check_health(self) -> None:
         """Raises if the engine loop has died."""
@@ -227,7 +293,7 @@ class Engine:
     # -- introspection -----------------------------------------------------------------
 
     def stats_dict(self) -> dict[str, Any]:
-        return {**self.stats.as_dict(), "signals": dict(self.signals)}
+        return {**self.stats.as_dict(), "signals": dict(self.signals), "spec_control": self.spec_control_state()}
 
     @staticmethod
     def vllm_spec_counters() -> dict[str, Any]:
@@ -248,6 +314,8 @@ class Engine:
         return out
 
     def shutdown(self) -> None:
+        if self.controller is not None:
+            self.controller.stop()
         self._llm.shutdown()
 
     # -- scoring -----------------------------------------------------------------------

@@ -42,6 +42,9 @@ class GenerationRequest(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     stop: list[str] | None = None
     seed: int | None = None
+    ignore_eos: bool = Field(
+        False, description="Keep generating past the end-of-sequence token until max_tokens "
+        "(profiling and benchmarks that need a fixed output length; not for real work).")
     priority: int = Field(PRIORITY_BATCH, description="0 = online, 1 = batch; lower first.")
 
     @field_validator("stop", mode="before")
@@ -79,6 +82,7 @@ def resolved_sampling(req: GenerationRequest, defaults: SamplingDefaults) -> dic
         "top_p": req.top_p if req.top_p is not None else defaults.top_p,
         "stop": req.stop if req.stop is not None else list(defaults.stop),
         "seed": req.seed,
+        "ignore_eos": req.ignore_eos,
     }
 
 

@@ -123,3 +123,80 @@ class SpecDecodeStats:
     def from_dict(cls, data: dict[str, Any]) -> "SpecDecodeStats":
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class StepWindow:
+    """Per-step measurements since the last `drain`, for the speculation controller.
+
+    vLLM reports each step's drafts and accepted tokens per position, but not which K
+    the step ran at nor how many drafts reached each position once K varies by batch
+    size; both follow from the step's own numbers (every request in a step drafts the
+    same K, so K = draft tokens / drafts). Step time is the gap to the previous step,
+    counted only for decode steps while the engine runs back to back."""
+
+    max_gap_s: float = 0.5
+    drafts_per_pos: list[int] = field(default_factory=list)
+    accepted_per_pos: list[int] = field(default_factory=list)
+    # (batch size, K) -> [steps, seconds, prefill tokens, context tokens per request]
+    cells: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+    # K -> every step that ran at it (with requests), timed or not: what the engine ran
+    num_steps_by_k: dict[int, int] = field(default_factory=dict)
+    last_step_s: float | None = None
+    last_batch_size: int = 0
+
+    def observe_step(
+        self,
+        now_s: float,
+        batch_size: int,
+        num_drafts: int,
+        num_draft_tokens: int,
+        accepted_per_pos: list[int],
+        num_prefill_tokens: int = 0,
+        context_tokens_per_req: float = 0.0,
+    ) -> None:
+        k = round(num_draft_tokens / num_drafts) if num_drafts else 0
+        width = max(k, len(accepted_per_pos))
+        for counts in (self.drafts_per_pos, self.accepted_per_pos):
+            counts += [0] * (width - len(counts))
+        for i in range(k):
+            self.drafts_per_pos[i] += num_drafts
+        for i, n in enumerate(accepted_per_pos):
+            self.accepted_per_pos[i] += n
+        if batch_size > 0:
+            self.num_steps_by_k[k] = self.num_steps_by_k.get(k, 0) + 1
+        gap = None if self.last_step_s is None else now_s - self.last_step_s
+        busy_before = self.last_batch_size > 0
+        self.last_step_s, self.last_batch_size = now_s, batch_size
+        # A decode step's time is the gap to the previous step only while the engine ran
+        # back to back: not after an idle spell (the gap holds the idle time) and not for
+        # a step that prefilled (a different cost; the model's prefill term is not fitted
+        # on CPU).
+        if batch_size > 0 and busy_before and not num_prefill_tokens and gap is not None and gap <= self.max_gap_s:
+            cell = self.cells.setdefault((batch_size, k), [0, 0.0, 0.0, 0.0])
+            cell[0] += 1
+            cell[1] += gap
+            cell[2] += num_prefill_tokens
+            cell[3] += context_tokens_per_req
+
+    def skip_next_gap(self) -> None:
+        """Do not count the next step's gap as its step time (it straddles something
+        that is not a step, such as a K table change the engine core handled between
+        steps)."""
+        self.last_step_s = None
+
+    def drain(self) -> dict[str, Any]:
+        """Everything since the last drain, and start a new window."""
+        out = {
+            "drafts_per_pos": list(self.drafts_per_pos),
+            "accepted_per_pos": list(self.accepted_per_pos),
+            "steps": [
+                {"batch_size": b, "num_speculative_tokens": k, "num_steps": int(n),
+                 "mean_step_time_s": t / n, "mean_prefill_tokens": p / n,
+                 "mean_context_tokens_per_req": c / n}
+                for (b, k), (n, t, p, c) in sorted(self.cells.items())
+            ],
+            "num_steps_by_k": dict(sorted(self.num_steps_by_k.items())),
+        }
+        self.drafts_per_pos, self.accepted_per_pos, self.cells, self.num_steps_by_k = [], [], {}, {}
+        return out

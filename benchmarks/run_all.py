@@ -18,6 +18,7 @@ BENCHMARKS = [
     "benchmarks.peagle_table",
     "benchmarks.online_vs_batch",
     "benchmarks.controller_sim",
+    "benchmarks.controller_live",
 ]
 
 

@@ -25,6 +25,49 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
 
+class SpecControllerConfig(StrictModel):
+    """The load-aware speculation controller (control/policy.py) running inside each
+    engine: every `interval_s` it reads the engine's own measurements and puts a new
+    batch-size -> K table in force on the live engine (actors/live_schedule.py)."""
+
+    calibration: str = Field(
+        description="Step-cost calibration: a file name under configs/calibration (without "
+        ".json, e.g. 'cpu-tiny') or a path. Made by `python -m jobs.profile_steps` on the "
+        "hardware the engines run on.",
+    )
+    interval_s: float = Field(2.0, gt=0, description="Seconds between two decisions.")
+    target_tpot_ms: float = Field(
+        50.0, gt=0, description="Latency target per output token; the capacity the "
+        "replica reports (for autoscaling) is what it serves within it.",
+    )
+    acceptance_prior: list[float] | None = Field(
+        None, description="Per-position acceptance assumed before anything is measured; "
+        "default: the calibration's workload acceptance.",
+    )
+    switch_min_gain: float = Field(
+        0.02, ge=0, lt=1, description="Change a batch size's K only for a larger predicted gain."
+    )
+    switch_dwell_intervals: int = Field(
+        2, ge=1, description="Intervals in a row a change must be wanted before it is made."
+    )
+    probe_budget: float = Field(
+        0.01, gt=0, lt=1, description="Most goodput that probing deeper positions may cost."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "SpecControllerConfig":
+        if self.acceptance_prior is not None:
+            _check_rates("spec.controller.acceptance_prior", self.acceptance_prior, decreasing=False)
+        return self
+
+
+def _check_rates(key: str, rates: list[float], decreasing: bool) -> None:
+    if not rates or not all(0.0 <= r <= 1.0 for r in rates):
+        raise ValueError(f"{key} must be a non-empty list of probabilities in [0, 1], got {rates!r}")
+    if decreasing and any(b > a for a, b in zip(rates, rates[1:])):
+        raise ValueError(f"{key} must be non-increasing (one rate per draft position), got {rates!r}")
+
+
 class SpecConfig(StrictModel):
     """Speculative decoding. `peagle` is EAGLE-3 with parallel drafting (one draft pass
     for all K tokens); `eagle3` drafts K tokens autoregressively; `ngram` drafts from the
@@ -52,6 +95,19 @@ class SpecConfig(StrictModel):
         "start at 1, and each K <= num_speculative_tokens; K = 0 turns drafting off "
         "for that batch-size range.",
     )
+    synthetic_acceptance_rates: list[float] | None = Field(
+        None,
+        description="Performance experiments only: accept drafts at these per-position "
+        "rates whatever the head drafted (vLLM `rejection_sample_method: synthetic`), so a "
+        "run behaves like a head with that acceptance. Outputs are then NOT the target "
+        "model's; never set it for real work.",
+    )
+    controller: SpecControllerConfig | None = Field(
+        None,
+        description="Load-aware K: start the engine at num_speculative_tokens (K_max) and "
+        "let the controller choose K per batch size from measurements. Omit for a fixed K "
+        "(or a fixed `schedule`).",
+    )
     ngram_min: int = Field(
         1, ge=1, description="ngram only: shortest prompt n-gram to match (tokens)."
     )
@@ -62,11 +118,12 @@ class SpecConfig(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> "SpecConfig":
         if self.method == "none":
-            if self.num_speculative_tokens is not None or self.schedule is not None:
+            given = {name: getattr(self, name) for name in
+                     ("num_speculative_tokens", "schedule", "synthetic_acceptance_rates", "controller")
+                     if getattr(self, name) is not None}
+            if given:
                 raise ValueError(
-                    "spec.method is 'none' but num_speculative_tokens="
-                    f"{self.num_speculative_tokens!r} / schedule={self.schedule!r} "
-                    "were given; set a method or drop them"
+                    f"spec.method is 'none' but {sorted(given)} were given; set a method or drop them"
                 )
             return self
         k = self.num_speculative_tokens
@@ -82,11 +139,21 @@ class SpecConfig(StrictModel):
                 f"spec.ngram_min ({self.ngram_min!r}) must be <= spec.ngram_max ({self.ngram_max!r})"
             )
         if self.schedule is not None:
-            _check_schedule(self.schedule, k)
+            check_schedule(self.schedule, k)
+            odd = sorted({r[2] for r in self.schedule} - {0, k})
+            if self.method == "peagle" and odd:
+                raise ValueError(
+                    f"spec.schedule uses K={odd} with method 'peagle' (num_speculative_tokens={k}): "
+                    f"vLLM 0.32 runs P-EAGLE only at K=0 or K={k} per step (a smaller K mis-shapes "
+                    "the parallel drafts; upstream fix #45695 pending). Use 0 or "
+                    f"{k}, or lower num_speculative_tokens"
+                )
+        if self.synthetic_acceptance_rates is not None:
+            _check_rates("spec.synthetic_acceptance_rates", self.synthetic_acceptance_rates, decreasing=True)
         return self
 
 
-def _check_schedule(schedule: list[tuple[int, int, int]], k_max: int) -> None:
+def check_schedule(schedule: list[tuple[int, int, int]], k_max: int) -> None:
     if not schedule:
         raise ValueError("spec.schedule must not be empty; omit it for a fixed K")
     expected_lo = 1
@@ -221,8 +288,25 @@ class ServeConfig(StrictModel):
         "less batch throughput."
     )
     target_ongoing_requests: float = Field(
-        48, gt=0, description="Autoscaling target per replica (Serve scales replicas to keep "
-        "ongoing requests near this)."
+        48, gt=0, description="Fallback autoscaling target per replica: while no replica "
+        "reports a predicted capacity (no spec.controller, or nothing measured yet), replicas "
+        "= ongoing requests / this."
+    )
+    target_utilization: float = Field(
+        0.8, gt=0, le=1, description="Autoscaling on predicted capacity (serving/autoscale.py): "
+        "fill each replica to this fraction of the requests it serves within "
+        "spec.controller.target_tpot_ms before adding one. Lower = headroom for bursts at "
+        "the cost of more replicas."
+    )
+    scale_down_delay_s: float = Field(
+        60.0, ge=0, description="Fewer replicas must suffice for this long in a row before one "
+        "is removed (a burst that ends should not cost a cold start on the next). Scale-up "
+        "is immediate."
+    )
+    autoscale_interval_s: float = Field(
+        5.0, gt=0, description="Seconds between two load/capacity reports of a replica, and "
+        "between two autoscaling decisions; metrics are averaged over two intervals. "
+        "Shorter = faster reaction, noisier decisions."
     )
     max_request_bytes: int = Field(
         1 << 20, ge=1024, description="Largest HTTP request body accepted (413 above it)."

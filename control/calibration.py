@@ -8,11 +8,12 @@ acceptance), and the shipped "on paper" calibrations:
 
 * b200-qwen3-coder-30b-a3b: fitted to the published Qwen3-Coder-30B-A3B B200 table
   (P-EAGLE and EAGLE-3 at K = 3/7/11, baseline, concurrency 1/4/8; REFERENCE.md);
-* h100-llama31-8b: the published simulator step-cost model (REFERENCE.md), not fitted;
-* cpu-tiny.placeholder: the format a CPU profiling job fills with measurements.
+* h100-llama31-8b: the published simulator step-cost model (REFERENCE.md), not fitted.
 
-`python -m control.calibration [--out-dir configs/calibration]` regenerates them and
-prints the residuals. Knows nothing about policies, simulation or engines.
+`python -m control.calibration [--out-dir configs/calibration]` regenerates those two and
+prints the residuals. Measured calibrations (cpu-tiny: the tiny model on this CPU) come
+from the profiling job `python -m jobs.profile_steps` (`make calibrate`) on the hardware
+itself; this module never writes them. Knows nothing about policies, simulation or engines.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def load_calibration(path: Path | str, *, allow_placeholder: bool = False) -> Ca
     cost = data.pop("step_cost", None)
     if data.get("status") == "placeholder" and not allow_placeholder:
         raise ValueError(f"{path} is a placeholder (no measurements fitted yet); "
-                         "fill `measurements` and run fit_step_cost, or pass allow_placeholder=True")
+                         "measure it with `python -m jobs.profile_steps` on the hardware, "
+                         "or pass allow_placeholder=True")
     data["measurements"] = tuple(StepMeasurement(**m) for m in data.get("measurements", ()))
     data["acceptance_per_pos"] = tuple(data.get("acceptance_per_pos", ()))
     return Calibration(cost=StepCostModel(**cost) if cost else None, **data)
@@ -260,17 +262,6 @@ def h100_llama31_8b_calibration() -> Calibration:
     )
 
 
-def cpu_placeholder_calibration() -> Calibration:
-    return Calibration(
-        name="cpu-tiny", status="placeholder", cost=None,
-        source="to be measured by a profiling job: run the tiny model at a grid of (batch size, K), "
-               "append one entry per cell to `measurements`, then fit_step_cost() and set status 'measured'",
-        max_num_seqs=16, kv_capacity_tokens=32_768, max_num_speculative_tokens=7,
-        notes="measurements entries: {batch_size, num_speculative_tokens, step_time_s (mean), "
-              "num_context_tokens (total over the batch), num_prefill_tokens, num_steps, drafting}",
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", type=Path, default=SHIPPED_DIR)
@@ -279,8 +270,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     cal, report = b200_qwen3_coder_calibration()
     save_calibration(cal, args.out_dir / f"{cal.name}.json")
     (args.out_dir / f"{cal.name}.residuals.json").write_text(json.dumps(report, indent=2) + "\n")
-    for extra in (h100_llama31_8b_calibration(), cpu_placeholder_calibration()):
-        save_calibration(extra, args.out_dir / f"{extra.name}{'.placeholder' if extra.status == 'placeholder' else ''}.json")
+    extra = h100_llama31_8b_calibration()
+    save_calibration(extra, args.out_dir / f"{extra.name}.json")
     print(f"{cal.name}: alpha_peagle={report['alpha_peagle']} alpha_eagle3={report['alpha_eagle3']} "
           f"rms={report['rms_relative_residual']:.1%} max={report['max_abs_relative_residual']:.1%}")
     print(f"{'method':9s} {'K':>3s} {'c':>3s} {'observed':>9s} {'model':>9s} {'resid':>7s}")

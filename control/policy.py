@@ -4,7 +4,9 @@ Each control interval it
 1. folds the replicas' per-position draft/accept counts into the acceptance estimate
    (control.acceptance) and their measured step times into two correction factors of the
    calibrated T(B, K): one for the non-speculative step T(B, 0), one for what speculation
-   adds on top (T(B, K) - T(B, 0)); a uniform factor alone would never move the best K;
+   adds on top (T(B, K) - T(B, 0)); a uniform factor alone would never move the best K.
+   Pool-wide, and per batch-size bucket where that bucket has been measured
+   (control.step_time);
 2. recomputes, for every batch size B = 1..max_num_seqs, the K in 0..K_max maximizing
    goodput B·τ(K)/T(B, K), where B is capped by what the KV cache admits with the
    lookahead slots reserved per request;
@@ -15,7 +17,9 @@ Each control interval it
    goes stale. When some are, one replica (rotating) runs one interval at
    K + probe_depth_tokens: at once for a position never measured, otherwise as often as
    `probe_budget` (fraction of pool goodput) allows by the model's own prediction of
-   what the probe costs;
+   what the probe costs. The other direction too: a batch-size bucket that drafts
+   never measures its step without drafts, so it gets one-interval K=0 probes within
+   half the budget, while its K=0 measurement is stale or rests on too few steps;
 5. sizes the pool on predicted capacity at the latency target (control.capacity).
 
 The output is what vLLM consumes: a batch-size -> K schedule per replica (`[[lo, hi, K]]`,
@@ -37,6 +41,7 @@ import numpy as np
 from control.acceptance import NEVER_OBSERVED, AcceptanceEstimate, prior_estimate, update_estimate
 from control.capacity import ReplicaCapacity, replica_capacity, target_replicas
 from control.model import StepCostModel, max_batch_size, step_time_grid_s, tokens_per_step
+from control.step_time import batch_size_bucket, num_batch_size_buckets, update_step_time_scale
 
 Schedule = tuple[tuple[int, int, int], ...]
 
@@ -76,6 +81,9 @@ class ControllerConfig:
     acceptance_prior: tuple[float, ...]  # p_i before any measurement (generic workload)
     target_tpot_s: float  # latency target per output token, for capacity
     lookahead_follows_k: bool = False  # vLLM reserves K_max slots whatever the step's K
+    # K values the engine can run; None = every K in 0..K_max. vLLM 0.32 runs P-EAGLE only
+    # at 0 or its start-up K (configs.vllm_args.live_k_values says why).
+    allowed_k: tuple[int, ...] | None = None
     prior_drafts: float = 20.0  # weight of the prior, in drafts per position (a weak guess)
     acceptance_halflife_drafts: float = 1000.0  # forgetting: half weight after this many drafts
     min_fresh_drafts: int = 50  # drafts in an interval that make a position's estimate fresh
@@ -85,6 +93,13 @@ class ControllerConfig:
     probe_depth_tokens: int = 4  # a probe drafts this many positions past the K in force
     probe_budget: float = 0.01  # most pool goodput probing may cost, as a fraction
     step_time_halflife_steps: float = 2000.0  # forgetting of the step-time correction
+    # A batch-size bucket's own correction counts as this many steps against the pool-wide
+    # one: a few intervals of measurements there and the bucket goes by its own.
+    step_time_bucket_prior_steps: float = 50.0
+    # A bucket with fewer K=0 steps measured than this is probed at the budget's pace
+    # (below), not only once its measurement is stale: one interval measures a few dozen
+    # steps at small batch sizes, too few to tell a 10% drafting cost from noise.
+    base_step_min_steps: float = 100.0
     default_context_tokens_per_req: float = 512.0  # when replicas report none
     target_utilization: float = 0.85  # fraction of capacity the pool is sized to run at
     min_replicas: int = 1
@@ -102,6 +117,10 @@ class ControllerConfig:
         if not 0 <= self.switch_min_gain < 1 or self.switch_dwell_intervals < 1:
             raise ValueError(f"need 0 <= switch_min_gain < 1 and switch_dwell_intervals >= 1, got "
                              f"{self.switch_min_gain!r}, {self.switch_dwell_intervals!r}")
+        if self.allowed_k is not None and (0 not in self.allowed_k or not all(
+                0 <= k <= self.max_num_speculative_tokens for k in self.allowed_k)):
+            raise ValueError(f"allowed_k must contain 0 and lie in 0..{self.max_num_speculative_tokens}, "
+                             f"got {self.allowed_k!r}")
         if not 0 < self.probe_budget < 1:
             raise ValueError(f"probe_budget must be in (0, 1), got {self.probe_budget!r}")
 
@@ -111,11 +130,18 @@ class ControllerState:
     acceptance: AcceptanceEstimate
     k_by_batch: tuple[int, ...]  # dense table in force: k_by_batch[B-1]
     step_time_scale: tuple[float, float] = (1.0, 1.0)  # (base step, speculation overhead)
-    step_time_evidence: float = 0.0  # effective steps behind step_time_scale
+    # Decayed sums behind step_time_scale, each n-weighted: K=0 steps (count, measured,
+    # predicted) and drafting steps (count, measured, predicted base part, predicted
+    # speculation part); () until the first interval.
+    step_time_sums: tuple[float, ...] = ()
+    # The same per batch-size bucket (B = 1, 2, 3-4, 5-8, ...).
+    step_time_sums_by_bucket: tuple[tuple[float, ...], ...] = ()
     pending_k_by_batch: tuple[int, ...] | None = None
     pending_intervals: int = 0
     intervals_since_probe: int = 0
     probe_cursor: int = 0
+    # Per batch-size bucket (control.step_time): intervals since a K=0 step was last measured there.
+    base_step_age_by_bucket: tuple[int, ...] = ()
     num_replicas: int = 1
     intervals_below: int = 0  # consecutive intervals that needed fewer replicas
     interval: int = 0
@@ -139,7 +165,7 @@ class Decision:
 def initial_state(config: ControllerConfig, num_replicas: int = 1) -> ControllerState:
     """The table the prior predicts, with no hysteresis, and a prior-only estimate."""
     est = prior_estimate(config.acceptance_prior, config.max_num_speculative_tokens, config.prior_drafts)
-    goodput = _goodput(config, est, (1.0, 1.0), config.default_context_tokens_per_req)[0]
+    goodput = _goodput(config, est, np.ones((config.max_num_seqs, 2)), config.default_context_tokens_per_req)[0]
     table = tuple(int(k) for k in np.argmax(goodput, axis=1))
     return ControllerState(acceptance=est, k_by_batch=table, num_replicas=num_replicas)
 
@@ -155,12 +181,15 @@ def decide(
         accepted[:n] += np.asarray(s.num_accepted_per_pos[:n], dtype=np.int64)
     est = update_estimate(state.acceptance, drafts, accepted, config.acceptance_halflife_drafts,
                           config.min_fresh_drafts)
-    scale, evidence = _update_step_time_scale(signals, state, config)
+    scale, sums, bucket_sums, scale_by_b = update_step_time_scale(
+        [m for s in signals for m in s.step_samples], state.step_time_scale, state.step_time_sums,
+        state.step_time_sums_by_bucket, config.cost, config.max_num_seqs, config.step_time_halflife_steps,
+        config.step_time_bucket_prior_steps)
     running = sum(s.num_running_reqs for s in signals)
     ctx = (sum(s.mean_context_tokens_per_req * s.num_running_reqs for s in signals) / running
            if running and any(s.mean_context_tokens_per_req for s in signals)
            else config.default_context_tokens_per_req)
-    goodput, step_s, tau = _goodput(config, est, scale, ctx)
+    goodput, step_s, tau = _goodput(config, est, scale_by_b, ctx)
 
     # Best K per batch size, then hysteresis: keep a K unless the best beats it clearly.
     rows = np.arange(config.max_num_seqs)
@@ -186,12 +215,17 @@ def decide(
     in_force = schedule_from_table(table)
     schedules = {s.replica_id: in_force for s in signals}
     probe_replica, probe_k, since_probe, cursor = None, 0, state.intervals_since_probe + 1, state.probe_cursor
+    num_buckets = num_batch_size_buckets(config.max_num_seqs)
+    measured_base = {batch_size_bucket(m.batch_size, num_buckets) for s in signals for m in s.step_samples
+                     if m.num_speculative_tokens == 0 and m.num_steps}
+    base_ages = tuple(0 if j in measured_base else (a if a >= NEVER_OBSERVED else a + 1)
+                      for j, a in enumerate(state.base_step_age_by_bucket or (NEVER_OBSERVED,) * num_buckets))
     active = sorted((s for s in signals if s.num_running_reqs > 0), key=lambda s: s.replica_id)
     if active:
         s = active[cursor % len(active)]
         b = min(s.num_running_reqs, config.max_num_seqs)
         k_op = table[b - 1]
-        k_probe = min(kmax, k_op + config.probe_depth_tokens)
+        k_probe = _allowed_at_least(config, min(kmax, k_op + config.probe_depth_tokens))
         ages = [est.age_intervals[j - 1] for j in range(k_op + 1, k_probe + 1)]
         stale = [j for j, a in zip(range(k_op + 1, k_probe + 1), ages) if a > config.max_acceptance_age_intervals]
         cost = max(0.0, 1.0 - goodput[b - 1, k_probe] / max(goodput[b - 1, k_op], 1e-12))
@@ -207,6 +241,33 @@ def decide(
                 f"probe {s.replica_id}: K {k_op}->{k_probe} for one interval to refresh "
                 f"p{stale[0]}..p{stale[-1]} (stale > {config.max_acceptance_age_intervals} intervals; "
                 f"predicted cost {cost / max(1, len(signals)):.1%} of pool goodput this interval)")
+        # The other direction: an engine that always drafts never measures a step without
+        # drafts, so the base step time stays the calibration's and a wrong calibration
+        # is never found out (the comparison with K=0 is then off by its error). Measure
+        # it, per batch-size bucket as the corrections are, where it is stale or rests on
+        # too few steps, within half the probe budget: paced by the predicted cost even
+        # where never measured (where K=0 is predicted to lose much, the measurement would
+        # have to be off by as much to change the choice; where the choice is close,
+        # probes are cheap and come often until the bucket has its steps).
+        elif k_op > 0:
+            j = batch_size_bucket(b, num_buckets)
+            base_age, base_steps = base_ages[j], bucket_sums[j][0]
+            cost0 = max(0.0, 1.0 - goodput[b - 1, 0] / max(goodput[b - 1, k_op], 1e-12))
+            period0 = 2.0 * cost0 / (config.probe_budget * max(1, len(signals)))
+            why0 = ("never measured there" if base_age >= NEVER_OBSERVED
+                    else f"{base_steps:.0f} steps measured there" if base_steps < config.base_step_min_steps
+                    else f"{base_age} intervals old")
+            if ((base_age > config.max_acceptance_age_intervals or base_steps < config.base_step_min_steps)
+                    and since_probe >= period0):
+                probe_replica, probe_k, since_probe, cursor = s.replica_id, 0, 0, cursor + 1
+                # Counted as fresh: a probe that measured nothing (all steps prefilled) is
+                # retried at the budget's pace, not every other interval.
+                base_ages = base_ages[:j] + (0,) + base_ages[j + 1:]
+                schedules[s.replica_id] = schedule_from_table((0,) * len(table))
+                reasons.append(
+                    f"probe {s.replica_id}: K {k_op}->0 for one interval to measure the step without "
+                    f"drafts at batch size {b} ({why0}; "
+                    f"predicted cost {cost0 / max(1, len(signals)):.1%} of pool goodput this interval)")
 
     # Replicas: capacity at the latency target with the table in force.
     b_adm = max_batch_size(config.kv_capacity_tokens, ctx, _lookahead(config, kmax), config.max_num_seqs)
@@ -224,9 +285,9 @@ def decide(
         acceptance_per_pos=est.acceptance_per_pos, max_k_in_force=max(table), changed=changed,
         reason="; ".join(reasons))
     new_state = replace(
-        state, acceptance=est, k_by_batch=table, step_time_scale=scale, step_time_evidence=evidence,
+        state, acceptance=est, k_by_batch=table, step_time_scale=scale, step_time_sums=sums, step_time_sums_by_bucket=bucket_sums,
         pending_k_by_batch=pending, pending_intervals=n_pending, intervals_since_probe=since_probe,
-        probe_cursor=cursor, num_replicas=n_rep, intervals_below=below, interval=state.interval + 1)
+        probe_cursor=cursor, base_step_age_by_bucket=base_ages, num_replicas=n_rep, intervals_below=below, interval=state.interval + 1)
     return decision, new_state
 
 
@@ -241,48 +302,34 @@ def schedule_from_table(k_by_batch: Sequence[int]) -> Schedule:
     return tuple(out)
 
 
+def _allowed_at_least(config: ControllerConfig, k: int) -> int:
+    """The smallest K the engine can run that is >= k (K_max if none)."""
+    if config.allowed_k is None:
+        return k
+    return min((a for a in config.allowed_k if a >= k), default=config.max_num_speculative_tokens)
+
+
 def _lookahead(config: ControllerConfig, k: int) -> int:
     return k if config.lookahead_follows_k else config.max_num_speculative_tokens
 
 
-def _goodput(config: ControllerConfig, est: AcceptanceEstimate, scale: tuple[float, float], ctx: float):
-    """(goodput [B, K], corrected step time [B, K], τ [K]) for B = 1..max_num_seqs.
+def _goodput(config: ControllerConfig, est: AcceptanceEstimate, scale_by_b: np.ndarray, ctx: float):
+    """(goodput [B, K], corrected step time [B, K], τ [K]) for B = 1..max_num_seqs, with
+    `scale_by_b[B-1]` = (base, speculation) correction factors at that batch size.
     A batch size the KV cache cannot admit at K runs only the admissible batch."""
     kmax = config.max_num_speculative_tokens
     b = np.arange(1, config.max_num_seqs + 1, dtype=float)
     raw = step_time_grid_s(config.cost, b, kmax, ctx)
-    step_s = scale[0] * raw[:, :1] + scale[1] * (raw - raw[:, :1])
+    step_s = scale_by_b[:, :1] * raw[:, :1] + scale_by_b[:, 1:2] * (raw - raw[:, :1])
     tau = np.array([tokens_per_step(est.acceptance_per_pos, k) for k in range(kmax + 1)])
     goodput = b[:, None] * tau[None, :] / step_s
+    if config.allowed_k is not None:  # a K the engine cannot run is never chosen
+        goodput[:, [k for k in range(kmax + 1) if k not in config.allowed_k]] = -np.inf
     for k in range(kmax + 1):
         cap = max_batch_size(config.kv_capacity_tokens, ctx, _lookahead(config, k), config.max_num_seqs)
         if cap < config.max_num_seqs:
             goodput[cap:, k] = goodput[cap - 1, k] if cap >= 1 else 0.0
     return goodput, step_s, tau
-
-
-def _update_step_time_scale(signals, state: ControllerState, config: ControllerConfig):
-    """Ridge least squares of measured/predicted on (base share, speculation share),
-    pulled towards the previous factors with their decayed evidence. Clamped to [0.2, 5]:
-    a calibration off by more than 5x is a wrong calibration, not something to track."""
-    xs, ys, ns = [], [], []
-    for s in signals:
-        for m in s.step_samples:
-            ctx = m.batch_size * m.mean_context_tokens_per_req
-            base = config.cost.step_time_s(m.batch_size, 0, ctx, m.mean_prefill_tokens)
-            full = config.cost.step_time_s(m.batch_size, m.num_speculative_tokens, ctx, m.mean_prefill_tokens)
-            xs.append((base / full, (full - base) / full))
-            ys.append(m.mean_step_time_s / full)
-            ns.append(m.num_steps)
-    if not ns:
-        return state.step_time_scale, state.step_time_evidence
-    x, y, n = np.asarray(xs), np.asarray(ys), np.asarray(ns, dtype=float)
-    prior_w = max(state.step_time_evidence * 0.5 ** (n.sum() / config.step_time_halflife_steps), 1.0)
-    prev = np.asarray(state.step_time_scale)
-    a = prior_w * np.eye(2) + (x * n[:, None]).T @ x
-    rhs = prior_w * prev + (x * n[:, None]).T @ y
-    s = np.clip(np.linalg.solve(a, rhs), 0.2, 5.0)
-    return (float(s[0]), float(s[1])), float(prior_w + n.sum())
 
 
 def _describe_change(old, new, gain, n_pending, config: ControllerConfig, changed: bool) -> str:

@@ -67,7 +67,24 @@ def _status_line(committer, started: float) -> str:
     )
     if stats.mean_acceptance_length is not None:
         line += f" | acceptance length {stats.mean_acceptance_length:.2f}"
+    ks = sorted({c["k_in_force"] for c in committer.spec_control().values()})
+    if ks:
+        line += f" | K in force {'/'.join(map(str, ks))}"
     return line
+
+
+def controller_summary(per_engine: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """What the speculation controllers did, per engine: the decided table, what was in
+    force at the end (the table, or a one-interval probe) and its K, how many times the
+    table on the engine changed, how many intervals were probes, the latest decided
+    changes with their reasons, and any advice to the operator."""
+    if not per_engine:
+        return None
+    return {key: {"k_in_force": c["k_in_force"], "table": c.get("table"), "schedule": c["schedule"],
+                  "changes": c["changes"], "probes": c.get("probes"), "reason": c["reason"],
+                  "recent_changes": c["recent_changes"][-5:],
+                  "capacity": c.get("capacity"), "advice": c.get("advice")}
+            for key, c in per_engine.items()}
 
 
 def build_summary(cfg, shards, committed_before, committer, elapsed_s: float) -> dict[str, Any]:
@@ -92,6 +109,7 @@ def build_summary(cfg, shards, committed_before, committer, elapsed_s: float) ->
             "num_accepted_tokens": stats.num_accepted_tokens,
             "acceptance_per_pos": [round(a, 4) for a in stats.acceptance_per_pos],
             "mean_acceptance_length": stats.mean_acceptance_length,
+            "controller": controller_summary(committer.spec_control()),
         },
         "per_shard": {name: {k: m[k] for k in ("rows", "ok", "errors")} for name, m in sorted(markers.items())},
         "config": cfg.model_dump(mode="json"),

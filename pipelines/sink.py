@@ -120,6 +120,12 @@ class ShardCommitter(ShardCollector):
         self.markers[shard] = marker
         log.info("committed shard %s: %d ok, %d errors", shard, len(results), len(errors))
 
+    def spec_control(self) -> dict[str, dict[str, Any]]:
+        """Each engine's speculation controller as last reported (engines with a fixed K
+        report none): K in force, table, changes and their reasons."""
+        return {key: data["spec_control"] for key, data in sorted(self.engine_stats.items())
+                if data.get("spec_control")}
+
     def spec_stats(self) -> SpecDecodeStats:
         """The engines' counters as last reported, summed (each engine reports cumulative
         values; a restarted engine reports under a new key, so nothing is lost)."""

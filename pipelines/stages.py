@@ -111,7 +111,7 @@ class EngineStage:
                 pass
 
     def _columns(self, rows: list[dict[str, Any]]) -> dict[str, list]:
-        stats = json.dumps(self.engine.stats.as_dict())
+        stats = json.dumps(self.engine.stats_dict())
         cols = {k: [r[k] for r in rows] for k in (*ROW_COLUMNS, "result")}
         cols["engine_key"] = [self.engine_key] * len(rows)
         cols["engine_stats"] = [stats] * len(rows)

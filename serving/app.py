@@ -20,6 +20,7 @@ online requests out of the replica.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 from typing import Any
@@ -28,6 +29,7 @@ from ray import serve
 
 from actors.requests import PRIORITY_BATCH
 from configs import AppConfig, load_config, resource_plan
+from serving.autoscale import autoscaling_config, autoscaling_stats
 from serving.middleware import Guards
 
 log = logging.getLogger(__name__)
@@ -72,7 +74,7 @@ class EngineReplica:
             self.batch_in_flight -= 1
         result["replica_pid"] = os.getpid()
         # Cumulative counters ride along so the batch job's summary can total them.
-        result["engine_stats"] = self.engine.stats.as_dict()
+        result["engine_stats"] = self.engine.stats_dict()
         self.num_batch_rows += 1
         return result
 
@@ -90,6 +92,20 @@ class EngineReplica:
         """Serve's periodic health check: a dead engine loop makes Serve replace us."""
         await self.engine.check_health()
 
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's replica-metrics hook (when autoscaling): requests in the system and the
+        capacity the speculation controller predicts, for `serving.autoscale.CapacityPolicy`.
+        The engine's counts are as of its last step; batch rows admitted since are in the
+        system too, hence the max (they are already among running + waiting otherwise)."""
+        signals = self.engine.stats_dict().get("signals", {})
+        engine_requests = signals.get("num_running_reqs", 0) + signals.get("num_waiting_reqs", 0)
+        control_state = getattr(self.engine, "spec_control_state", None)
+        state = control_state() if control_state is not None else None
+        if inspect.isawaitable(state):
+            state = await state
+        capacity = state.get("capacity") if state else None
+        return autoscaling_stats(max(engine_requests, self.batch_in_flight), capacity)
+
     async def _export_metrics(self) -> None:
         from serving.metrics import ReplicaMetrics
 
@@ -105,7 +121,8 @@ class EngineReplica:
 
 def deployment_for(cfg: AppConfig) -> serve.Application:
     """The bound Serve application for a config: replicas = engine actors with the
-    resource plan's resources, scaling between pool.min_actors and pool.max_actors."""
+    resource plan's resources, scaling between pool.min_actors and pool.max_actors on the
+    capacity each replica predicts (serving.autoscale)."""
     plan = resource_plan(cfg)
     actor_options: dict[str, Any] = {"num_cpus": plan.cpus_per_actor, "num_gpus": plan.gpus_per_actor}
     if plan.accelerator_type:
@@ -115,12 +132,8 @@ def deployment_for(cfg: AppConfig) -> serve.Application:
         actor_options["runtime_env"] = {"env_vars": {cfg.serve.api_key_env: api_key}}
     if plan.min_actors == plan.max_actors:
         scaling: dict[str, Any] = {"num_replicas": plan.min_actors}
-    else:
-        scaling = {"autoscaling_config": {
-            "min_replicas": plan.min_actors,
-            "max_replicas": plan.max_actors,
-            "target_ongoing_requests": cfg.serve.target_ongoing_requests,
-        }}
+    else:  # on predicted capacity; the queue rule only while no replica reports one
+        scaling = {"autoscaling_config": autoscaling_config(cfg.serve, plan.min_actors, plan.max_actors)}
     deployment = serve.deployment(
         EngineReplica,
         name="EngineReplica",

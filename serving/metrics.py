@@ -42,6 +42,15 @@ class ReplicaMetrics:
             name: metrics.Gauge(f"peagle_engine_{name}", description=name, tag_keys=("replica",))
             for name in ("num_running_reqs", "num_waiting_reqs", "kv_cache_usage", "batch_in_flight")
         }
+        self.k_in_force = metrics.Gauge(
+            "peagle_spec_k_in_force", description="K the speculation controller runs at the current batch size",
+            tag_keys=("replica",))
+        self.k_changes = metrics.Counter(
+            "peagle_spec_k_table_changes", description="Times the controller put a new batch-size -> K table "
+            "in force (reasons in the replica log and /stats)", tag_keys=("replica",))
+        self.capacity = metrics.Gauge(
+            "peagle_spec_capacity_tokens_per_s", description="Output tokens/s the replica predicts it "
+            "delivers at the latency target with the K table in force", tag_keys=("replica",))
         self._last: dict[str, Any] = {}
 
     def update(self, stats: dict[str, Any], batch_in_flight: int) -> None:
@@ -62,4 +71,12 @@ class ReplicaMetrics:
         for name, gauge in self.gauges.items():
             if signals.get(name) is not None:
                 gauge.set(signals[name], tags=self.tags)
+        control = stats.get("spec_control")
+        if control:
+            self.k_in_force.set(control["k_in_force"], tags=self.tags)
+            delta = control["changes"] - ((self._last.get("spec_control") or {}).get("changes", 0))
+            if delta > 0:
+                self.k_changes.inc(delta, tags=self.tags)
+            if control.get("capacity"):
+                self.capacity.set(control["capacity"]["tokens_per_s"], tags=self.tags)
         self._last = stats

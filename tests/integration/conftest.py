@@ -42,3 +42,13 @@ def ray_local(s3, metrics_port):
              _metrics_export_port=metrics_port)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """An event loop in a thread for in-process engines (tests/integration/engine_loop.py)."""
+    from engine_loop import LoopThread
+
+    lt = LoopThread()
+    yield lt
+    lt.close()

@@ -207,17 +207,20 @@ def test_without_root_the_sandbox_uses_a_user_namespace_and_still_limits_process
     namespace; the program holds no capabilities and the process limit binds."""
     workdir = Path(tempfile.mkdtemp(prefix="sandbox-nonroot-"))
     try:
-        shutil.copy(REPO_ROOT / "pipelines" / "sandbox.py", workdir / "sandbox.py")
+        (workdir / "pipelines").mkdir()
+        for name in ("__init__.py", "sandbox.py", "sandbox_pid1.py"):
+            shutil.copy(REPO_ROOT / "pipelines" / name, workdir / "pipelines" / name)
         (workdir / "probe.py").write_text(
             "import sys; sys.path.insert(0, sys.argv[1])\n"
-            "from sandbox import SandboxLimits, run_python\n"
+            "from pipelines.sandbox import SandboxLimits, run_python\n"
             "L = SandboxLimits(timeout_s=5, cpu_s=1, max_processes=4, max_parallel_per_node=1)\n"
             "caps = run_python(\"print([l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')])\", L)\n"
             "bomb = run_python('import os\\nwhile True:\\n    os.fork()\\n', L)\n"
             "write = run_python(\"open('/usr/x', 'w')\", L)\n"
             "print(caps.status, caps.stdout_tail.strip(), '|', bomb.status, '|', write.detail)\n")
-        workdir.chmod(0o755)
-        for f in workdir.iterdir():
+        for d in (workdir, workdir / "pipelines"):
+            d.chmod(0o755)
+        for f in [*workdir.glob("*.py"), *(workdir / "pipelines").iterdir()]:
             f.chmod(0o644)
         proc = subprocess.run(["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", "/usr/bin/python3",
                                str(workdir / "probe.py"), str(workdir)],

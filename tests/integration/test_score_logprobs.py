@@ -2,9 +2,11 @@
 P-EAGLE head configured), checked against an independent transformers computation.
 
 Tolerance: float32 on CPU, vLLM's attention/matmul kernels vs. transformers' eager
-ones. Per token |Δ log p| <= 1e-3 nats (measured ~2e-5 on the random tiny model, whose
-distributions are very peaked: log-probs down to about -90), per row |Δ total| <=
-1e-3 nats x tokens. Token ids must match exactly.
+ones. Per token |Δ log p| <= 1e-3 nats + 1e-4 x |log p| (measured ~2e-5 on the random
+tiny model, whose distributions are very peaked: log-probs down to about -90; up to
+1.3e-3 once when vLLM batched the rows differently on a loaded machine, float32 rounding
+grows with the logits' size), per row |Δ total| within the sum of those. Token ids must
+match exactly.
 """
 
 import json
@@ -18,7 +20,12 @@ from pipelines.scoring import split_scoring_overrides
 
 pytestmark = pytest.mark.integration
 
-TOKEN_TOLERANCE = 1e-3
+TOKEN_TOLERANCE = 1e-3  # nats, plus RELATIVE_TOLERANCE x |log p|
+RELATIVE_TOLERANCE = 1e-4
+
+
+def tolerance(logprob: float) -> float:
+    return TOKEN_TOLERANCE + RELATIVE_TOLERANCE * abs(logprob)
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +92,8 @@ def test_scores_match_transformers_and_bad_rows_end_in_errors_with_reasons(s3, b
     for cid, (ids, ref) in reference.items():
         got = results[cid]
         assert got["token_ids"] == ids and got["num_tokens"] == len(ids) > 0
-        assert max(abs(a - b) for a, b in zip(got["token_logprobs"], ref)) <= TOKEN_TOLERANCE, cid
-        assert got["total_logprob"] == pytest.approx(sum(ref), abs=TOKEN_TOLERANCE * len(ids))
+        assert all(abs(a - b) <= tolerance(b) for a, b in zip(got["token_logprobs"], ref)), cid
+        assert got["total_logprob"] == pytest.approx(sum(ref), abs=sum(tolerance(b) for b in ref))
         assert got["mean_logprob"] == pytest.approx(got["total_logprob"] / len(ids))
         assert got["perplexity"] == pytest.approx(math.exp(-got["mean_logprob"]))
         assert len(got["top_logprobs"]) == len(ids) and all(len(top) == 2 for top in got["top_logprobs"])

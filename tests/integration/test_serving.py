@@ -27,7 +27,9 @@ def app_url(ray_local, tiny_models):
         from serving.app import deployment_for
 
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        cfg = load_config("tiny", ["serve.max_ongoing_requests=16", "serve.batch_share=0.5"])
+        # With the speculation controller on, as a deployment would run it.
+        cfg = load_config("tiny", ["serve.max_ongoing_requests=16", "serve.batch_share=0.5",
+                                   "engine.spec.controller.calibration=cpu-tiny"])
         serve.run(deployment_for(cfg), name="peagle", route_prefix="/")
     finally:
         del os.environ["PEAGLE_API_KEY"]
@@ -149,3 +151,28 @@ def test_prometheus_exports_spec_decode_counters_per_replica(app_url, client, me
                for line in lines)
     assert any(line.startswith("ray_peagle_spec_decode_mean_acceptance_length") for line in lines)
     assert replica_pid > 0
+
+
+def test_replica_controller_state_and_capacity_reach_stats_and_prometheus(app_url, client, metrics_port):
+    # The engine inside the Serve replica runs its speculation controller: its table and
+    # the capacity it predicts (what the Serve autoscaling policy reads) are in the
+    # replica's stats and exported per replica.
+    for i in range(4):
+        client.completions.create(model="tiny", prompt=f"def h{i}(x):", max_tokens=16)
+    deadline, control, text = time.monotonic() + 90, {}, ""
+    while time.monotonic() < deadline:
+        control = serve.get_app_handle("peagle").stats.remote().result().get("spec_control") or {}
+        text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+        capacity = [line for line in text.splitlines()
+                    if line.startswith("ray_peagle_spec_capacity_tokens_per_s") and 'replica="' in line]
+        if control.get("capacity") and capacity:
+            break
+        time.sleep(3)
+    else:
+        pytest.fail(f"controller state {control!r}; exported: {text[:2000]}")
+    engine = load_config("tiny").engine
+    assert control["table"][0][0] == 1 and control["table"][-1][1] == engine.max_num_seqs  # every B has a K
+    assert {k for _, _, k in control["table"]} <= {0, engine.spec.num_speculative_tokens}  # P-EAGLE: 0 or K_max
+    assert control["capacity"]["tokens_per_s"] > 0
+    assert float(capacity[0].rsplit(" ", 1)[1]) > 0
+    assert any(line.startswith("ray_peagle_spec_k_in_force") and 'replica="' in line for line in text.splitlines())

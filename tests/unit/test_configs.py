@@ -5,6 +5,7 @@ import sys
 import pytest
 
 from configs import ConfigError, load_config, preset_names, resource_plan, to_vllm_kwargs
+from configs.vllm_args import live_k_values
 
 pytestmark = pytest.mark.unit
 
@@ -104,9 +105,16 @@ def test_spec_methods_map_to_vllm_keys():
 
 
 def test_schedule_is_validated_and_passed_through():
-    cfg = load_config("tiny", ["engine.spec.schedule=[[1, 4, 4], [5, 64, 2], [65, 1024, 0]]"])
+    eagle3 = ["engine.spec.method=eagle3", "engine.spec.head=artifacts/tiny/eagle3-head"]
+    cfg = load_config("tiny", [*eagle3, "engine.spec.schedule=[[1, 4, 4], [5, 64, 2], [65, 1024, 0]]"])
     spec = to_vllm_kwargs(cfg.engine)["speculative_config"]
     assert spec["num_speculative_tokens_per_batch_size"] == [[1, 4, 4], [5, 64, 2], [65, 1024, 0]]
+    # P-EAGLE runs only at 0 or its start-up K on vLLM 0.32 (#45695): refused by value.
+    with pytest.raises(ConfigError, match=r"K=\[2\] with method 'peagle'.*#45695"):
+        load_config("tiny", ["engine.spec.schedule=[[1, 4, 4], [5, 64, 2], [65, 1024, 0]]"])
+    peagle = load_config("tiny", ["engine.spec.schedule=[[1, 4, 4], [5, 1024, 0]]"]).engine
+    assert live_k_values(peagle) == [0, 4]
+    assert live_k_values(load_config("tiny", eagle3).engine) == [0, 1, 2, 3, 4]
     with pytest.raises(ConfigError, match="contiguous"):
         load_config("tiny", ["engine.spec.schedule=[[2, 4, 4]]"])
     with pytest.raises(ConfigError, match="got 9"):

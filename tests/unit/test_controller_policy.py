@@ -12,7 +12,7 @@ import pytest
 from control.acceptance import prior_estimate, update_estimate
 from control.baselines import dense_from_schedule
 from control.calibration import (
-    Calibration, StepMeasurement, b200_qwen3_coder_calibration, fit_step_cost, load_calibration,
+    SHIPPED_DIR, Calibration, StepMeasurement, b200_qwen3_coder_calibration, fit_step_cost, load_calibration,
     save_calibration,
 )
 from control.model import (
@@ -108,11 +108,27 @@ def test_unmeasured_positions_keep_their_value_and_age():
 def test_decision_schedule_is_a_valid_vllm_table_for_the_engine_config():
     from configs.schema import SpecConfig
 
-    state = initial_state(config())
-    decision, _ = decide([ReplicaSignals("r0", 8, 0, 0.1)], state, config())
-    SpecConfig(method="peagle", head="h", num_speculative_tokens=11, schedule=[list(r) for r in decision.schedule])
-    assert decision.schedule[0][0] == 1 and decision.schedule[-1][1] == 128
-    assert dense_from_schedule(decision.schedule, 128, 11) == list(decision.k_by_batch)
+    for method, allowed in [("eagle3", None), ("peagle", (0, 11))]:
+        cfg = config(allowed_k=allowed)
+        decision, _ = decide([ReplicaSignals("r0", 8, 0, 0.1)], initial_state(cfg), cfg)
+        SpecConfig(method=method, head="h", num_speculative_tokens=11, schedule=[list(r) for r in decision.schedule])
+        assert decision.schedule[0][0] == 1 and decision.schedule[-1][1] == 128
+        assert dense_from_schedule(decision.schedule, 128, 11) == list(decision.k_by_batch)
+
+
+def test_controller_chooses_and_probes_only_k_values_the_engine_can_run():
+    # P-EAGLE on vLLM 0.32: 0 or the start-up K. The free optimum here uses K between.
+    free = initial_state(config()).k_by_batch
+    assert set(free) - {0, 11}
+    cfg = config(allowed_k=(0, 11))
+    state, rng, decision = initial_state(cfg), np.random.default_rng(0), None
+    assert set(state.k_by_batch) <= {0, 11}
+    seen = set()
+    for _ in range(40):  # load that moves, and positions beyond the K in force go stale
+        decision, state = decide([engine_window(decision, "r0", int(rng.integers(1, 128)), CODE, 40, rng)],
+                                 state, replace(cfg, max_acceptance_age_intervals=2))
+        seen |= {k for _, _, k in decision.schedules["r0"]}
+    assert seen <= {0, 11}
 
 
 def test_controller_learns_lower_acceptance_and_lowers_k_with_a_reason():
@@ -159,6 +175,9 @@ def test_probing_keeps_positions_beyond_current_k_fresh():
     probes = 0
     for _ in range(120):
         decision, state = decide([engine_window(decision, "r0", 128, better, 20, rng)], state, cfg)
+        if decision.probe_replica and decision.probe_num_speculative_tokens == 0:
+            assert "without drafts" in decision.reason  # the base step, measured at times
+            continue
         probes += decision.probe_replica is not None
         if decision.probe_replica:
             assert decision.probe_num_speculative_tokens > decision.k_by_batch[127]
@@ -238,15 +257,39 @@ def test_shipped_b200_calibration_is_the_fit_of_the_published_table():
 def test_calibration_round_trips_and_placeholder_is_refused(tmp_path):
     save_calibration(B200, tmp_path / "c.json")
     assert load_calibration(tmp_path / "c.json") == B200
+    placeholder = Calibration(name="new-hw", status="placeholder", source="not measured yet", cost=None)
+    save_calibration(placeholder, tmp_path / "new-hw.json")
     with pytest.raises(ValueError, match="placeholder"):
-        load_calibration("cpu-tiny.placeholder.json")
-    ph = load_calibration("cpu-tiny.placeholder.json", allow_placeholder=True)
-    assert ph.cost is None and ph.measurements == ()
+        load_calibration(tmp_path / "new-hw.json")
+    ph = load_calibration(tmp_path / "new-hw.json", allow_placeholder=True)
+    assert ph == placeholder and ph.cost is None and ph.measurements == ()
     bad = json.loads((tmp_path / "c.json").read_text()) | {"status": "guessed"}
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(ValueError, match="'guessed'"):
         load_calibration(tmp_path / "bad.json")
-    assert isinstance(ph, Calibration)
+
+
+def test_shipped_cpu_calibration_is_measured_and_its_fit_matches_its_measurements():
+    cal = load_calibration("cpu-tiny.json")
+    assert cal.status == "measured" and cal.measurements
+    ks = {m.num_speculative_tokens for m in cal.measurements}
+    assert 0 in ks and cal.max_num_speculative_tokens in ks
+    assert len(cal.acceptance_per_pos) == cal.max_num_speculative_tokens
+    for m, r in zip(cal.measurements, cal.fit["residuals"]):
+        predicted = cal.cost.step_time_s(m.batch_size, m.num_speculative_tokens, m.num_context_tokens)
+        assert predicted == pytest.approx(m.step_time_s * (1 + r["relative_residual"]), rel=1e-3)
+
+
+def test_regenerating_on_paper_calibrations_leaves_measured_ones_alone(tmp_path):
+    from control.calibration import main
+
+    measured = (SHIPPED_DIR / "cpu-tiny.json").read_text()
+    (tmp_path / "cpu-tiny.json").write_text(measured)
+    main(["--out-dir", str(tmp_path)])
+    assert (tmp_path / "cpu-tiny.json").read_text() == measured
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == [
+        "b200-qwen3-coder-30b-a3b.json", "b200-qwen3-coder-30b-a3b.residuals.json", "cpu-tiny.json",
+        "h100-llama31-8b.json"]
 
 
 def test_control_package_imports_no_ray_vllm_or_torch():
@@ -255,3 +298,139 @@ def test_control_package_imports_no_ray_vllm_or_torch():
             "print(sorted(m for m in ('ray', 'vllm', 'torch', 'pydantic', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_drafting_steps_slower_than_calibrated_are_charged_to_speculation():
+    # An engine that only drafts (K=11 everywhere) measures steps 2x the calibration. The
+    # controller cannot tell a slow machine from dear drafting without K=0 steps; it must
+    # not scale both (which would leave K unchanged), but charge drafting and lower K.
+    cfg = config()
+    state = initial_state(cfg)
+    k = state.k_by_batch[31]
+    assert k > 0
+    slow = StepTimeSample(32, k, 300, 2.0 * B200.cost.step_time_s(32, k, 32 * 512), 0.0, 512.0)
+    for _ in range(4):
+        _, state = decide([ReplicaSignals("r0", 32, 0, 0.2, step_samples=(slow,))], state, cfg)
+    assert state.step_time_scale[0] == pytest.approx(1.0)
+    assert state.step_time_scale[1] > 1.5
+    assert state.k_by_batch[31] < k
+
+
+def test_an_engine_that_always_drafts_is_probed_at_k0_within_the_budget():
+    cfg = config(probe_budget=0.2, max_acceptance_age_intervals=3)
+    state, decision = initial_state(cfg), None
+    drafting = StepTimeSample(8, state.k_by_batch[7], 100, B200.cost.step_time_s(8, state.k_by_batch[7]))
+    probes = []
+    for i in range(60):
+        decision, state = decide([ReplicaSignals("r0", 8, 0, 0.1, step_samples=(drafting,))], state, cfg)
+        if decision.probe_replica and decision.probe_num_speculative_tokens == 0:
+            probes.append(i)
+            assert decision.schedules["r0"] == ((1, 128, 0),) and "without drafts" in decision.reason
+    assert probes, "the non-speculative step time was never measured"
+    # Once K=0 steps are measured, the base is fresh and no K=0 probe follows for a while.
+    base = StepTimeSample(8, 0, 100, B200.cost.step_time_s(8, 0))
+    for _ in range(3):
+        decision, state = decide([ReplicaSignals("r0", 8, 0, 0.1, step_samples=(drafting, base))], state, cfg)
+        assert decision.probe_num_speculative_tokens != 0 or decision.probe_replica is None
+
+
+def test_drafting_cost_is_re_read_once_the_base_step_is_measured():
+    # The machine runs the base step 30% faster than calibrated and drafting costs what
+    # the calibration says. An engine that starts drafting sees steps *faster* than
+    # predicted and charges that to speculation (drafting looks nearly free). Once K=0
+    # steps are measured, the drafting steps seen so far must be re-read against the true
+    # base: speculation costs what it costs, at once, not after thousands more steps.
+    cfg = config()
+    state = initial_state(cfg)
+    k = state.k_by_batch[31]
+    base_s = 0.7 * B200.cost.step_time_s(32, 0, 32 * 512)
+    extra_s = B200.cost.step_time_s(32, k, 32 * 512) - B200.cost.step_time_s(32, 0, 32 * 512)
+    drafting = StepTimeSample(32, k, 2000, base_s + extra_s, 0.0, 512.0)
+    for _ in range(5):
+        _, state = decide([ReplicaSignals("r0", 32, 0, 0.2, step_samples=(drafting,))], state, cfg)
+    assert state.step_time_scale[1] < 0.8  # charged to speculation while the base is unknown
+    base = StepTimeSample(32, 0, 100, base_s, 0.0, 512.0)
+    _, state = decide([ReplicaSignals("r0", 32, 0, 0.2, step_samples=(base,))], state, cfg)
+    assert state.step_time_scale[0] == pytest.approx(0.7, abs=0.01)
+    assert state.step_time_scale[1] == pytest.approx(1.0, abs=0.05)
+
+
+def test_step_times_measured_at_one_batch_size_move_k_there_and_not_everywhere():
+    # P-EAGLE on a small model: the calibration is right at B=1 but drafting costs 4x
+    # what it predicts at B=16 (per-step costs it does not model). Both K=0 and K_max
+    # steps were measured at each. K must turn 0 at B=16 and stay K_max at B=1: one
+    # pool-wide factor would move both or neither.
+    cfg = config(max_num_seqs=16, max_num_speculative_tokens=7, allowed_k=(0, 7),
+                 acceptance_prior=geometric_acceptance(0.5, 7))
+    state = initial_state(cfg)
+    assert state.k_by_batch[0] == state.k_by_batch[15] == 7
+    t = B200.cost.step_time_s
+    dear = lambda b, k: t(b, 0, b * 512) + 4.0 * (t(b, k, b * 512) - t(b, 0, b * 512))  # noqa: E731
+    samples = (StepTimeSample(1, 0, 100, t(1, 0, 512), 0.0, 512.0), StepTimeSample(1, 7, 300, t(1, 7, 512), 0.0, 512.0),
+               StepTimeSample(16, 0, 100, t(16, 0, 16 * 512), 0.0, 512.0),
+               StepTimeSample(16, 7, 300, dear(16, 7), 0.0, 512.0))
+    for _ in range(6):
+        _, state = decide([ReplicaSignals("r0", 8, 0, 0.2, step_samples=samples)], state, cfg)
+    assert state.k_by_batch[0] == 7
+    assert state.k_by_batch[15] == 0
+
+
+def test_each_batch_size_bucket_measures_its_step_without_drafts():
+    # Corrections are kept per batch-size bucket, so each bucket that drafts needs a K=0
+    # measurement of its own (within the probe budget), and not again while it is fresh.
+    cfg = config(probe_budget=0.5)
+    state = initial_state(cfg)
+
+    def window(b, with_base=False):
+        k = state.k_by_batch[b - 1]
+        samples = [StepTimeSample(b, k, 100, B200.cost.step_time_s(b, k, b * 512), 0.0, 512.0)]
+        if with_base:
+            samples.append(StepTimeSample(b, 0, 100, B200.cost.step_time_s(b, 0, b * 512), 0.0, 512.0))
+        drafts = (1000,) * 11  # every position measured: no position probes in the way
+        return [ReplicaSignals("r0", b, 0, 0.2, drafts, tuple(int(1000 * p) for p in CODE), tuple(samples))]
+
+    def k0_probe_within(n, b, with_base=False):
+        nonlocal state
+        for _ in range(n):
+            decision, state = decide(window(b, with_base), state, cfg)
+            if decision.probe_replica and decision.probe_num_speculative_tokens == 0:
+                assert f"at batch size {b}" in decision.reason and "never measured there" in decision.reason
+                return True
+        return False
+
+    assert state.k_by_batch[7] > 0 and state.k_by_batch[63] > 0
+    assert k0_probe_within(5, 8)
+    assert not k0_probe_within(cfg.max_acceptance_age_intervals, 8, with_base=True)  # fresh there
+    assert k0_probe_within(5, 64)  # a bucket never measured
+
+
+def test_a_bucket_whose_k0_step_rests_on_few_steps_is_probed_before_it_goes_stale():
+    # One K=0 interval at batch size 1 measures a few dozen steps, too few to tell a 10%
+    # drafting cost from noise. Where the choice between drafting and not is close
+    # (K=7 wins by ~3% at acceptance 0.3), the controller keeps probing K=0 there at the budget's
+    # pace until the bucket has its steps, instead of waiting until it is stale; where
+    # K=0 is predicted to lose much (high acceptance), it does not.
+    def k0_probes(acceptance, intervals=12):
+        cfg = config(max_num_seqs=16, max_num_speculative_tokens=7, allowed_k=(0, 7),
+                     acceptance_prior=geometric_acceptance(acceptance, 7), probe_budget=0.05)
+        state = initial_state(cfg)
+        k = state.k_by_batch[0]
+        assert k == 7
+        t = lambda kk: B200.cost.step_time_s(1, kk, 512)  # noqa: E731
+        drafts = (10_000,) * 7  # every position fresh: no acceptance probe in the way
+        accepted = tuple(int(10_000 * p) for p in geometric_acceptance(acceptance, 7))
+        probes, base_steps = [], 20  # one thin K=0 measurement already made
+        for i in range(intervals):
+            samples = [StepTimeSample(1, k, 30, t(k), 0.0, 512.0)]
+            if i == 0 or (probes and probes[-1] == i - 1):
+                samples.append(StepTimeSample(1, 0, base_steps, t(0), 0.0, 512.0))
+            decision, state = decide([ReplicaSignals("r0", 1, 0, 0.1, drafts, accepted, tuple(samples))], state, cfg)
+            if decision.probe_replica and decision.probe_num_speculative_tokens == 0:
+                probes.append(i)
+                assert "steps measured there" in decision.reason
+        return probes, state
+
+    close, state = k0_probes(0.3)
+    assert len(close) >= 3  # measured again and again while thin, long before 30 intervals
+    assert state.step_time_sums_by_bucket[0][0] >= 80
+    assert k0_probes(0.9)[0] == []  # K=0 would cost much: the budget does not allow it

@@ -31,4 +31,13 @@ def test_unknown_option_is_refused_by_name():
 def test_defaults_fill_unset_options_only():
     req = parse_request({"id": "r1", "prompt": "a", "temperature": 0.7, "stop": "\n\n"})
     values = resolved_sampling(req, SamplingDefaults(max_tokens=64, temperature=0.0))
-    assert values == {"max_tokens": 64, "temperature": 0.7, "top_p": 1.0, "stop": ["\n\n"], "seed": None}
+    assert values == {"max_tokens": 64, "temperature": 0.7, "top_p": 1.0, "stop": ["\n\n"], "seed": None,
+                      "ignore_eos": False}
+
+
+def test_ignore_eos_is_off_unless_asked_and_must_be_a_boolean():
+    assert resolved_sampling(parse_request({"id": "r1", "prompt": "a"}), SamplingDefaults())["ignore_eos"] is False
+    req = parse_request({"id": "r1", "prompt": "a", "ignore_eos": True})
+    assert resolved_sampling(req, SamplingDefaults())["ignore_eos"] is True
+    with pytest.raises(RequestError, match="ignore_eos"):
+        parse_request({"id": "r1", "prompt": "a", "ignore_eos": "sometimes"})

@@ -1,6 +1,6 @@
 import pytest
 
-from actors.spec_stats import SpecDecodeStats
+from actors.spec_stats import SpecDecodeStats, StepWindow
 
 pytestmark = pytest.mark.unit
 
@@ -37,3 +37,36 @@ def test_merge_sums_counters_and_widens_positions():
     assert m.num_output_tokens == 5 and m.num_prompt_tokens == 12
     assert (m.first_token_time_s, m.last_token_time_s) == (10.0, 12.0)
     assert SpecDecodeStats.from_dict(m.as_dict()) == m
+
+
+def test_step_window_infers_each_steps_k_and_counts_drafts_per_position():
+    w = StepWindow(max_gap_s=0.5)
+    w.observe_step(10.00, 4, 0, 0, [])  # first step: no previous step, so no time yet
+    w.observe_step(10.05, 4, 4, 16, [3, 2, 1, 0])  # K=4
+    w.observe_step(10.10, 4, 4, 16, [4, 3, 1, 1])
+    w.observe_step(10.12, 8, 8, 16, [5, 1])  # K=2 at batch 8
+    w.observe_step(12.00, 8, 8, 16, [6, 2])  # after an idle gap: counted, but not timed
+    w.observe_step(12.03, 8, 8, 16, [0, 0], num_prefill_tokens=40)  # a prefill step: not timed
+    w.observe_step(12.05, 0, 0, 0, [])  # idle
+    w.observe_step(12.07, 2, 2, 4, [1, 1])  # first step after idle: not timed
+    out = w.drain()
+    assert out["drafts_per_pos"] == [34, 34, 8, 8]  # positions 3-4 drafted only at K=4
+    assert out["accepted_per_pos"] == [19, 9, 2, 1]
+    steps = {(s["batch_size"], s["num_speculative_tokens"]): s for s in out["steps"]}
+    assert set(steps) == {(4, 4), (8, 2)}
+    assert steps[(4, 4)]["num_steps"] == 2 and steps[(4, 4)]["mean_step_time_s"] == pytest.approx(0.05)
+    assert steps[(8, 2)]["num_steps"] == 1 and steps[(8, 2)]["mean_step_time_s"] == pytest.approx(0.02)
+    assert out["num_steps_by_k"] == {0: 1, 2: 4, 4: 2}  # every step with requests, timed or not
+    assert w.drain() == {"drafts_per_pos": [], "accepted_per_pos": [], "steps": [], "num_steps_by_k": {}}  # a new window
+
+
+def test_step_window_does_not_time_the_step_that_straddles_a_table_change():
+    w = StepWindow(max_gap_s=0.5)
+    w.observe_step(10.00, 1, 1, 4, [0])
+    w.observe_step(10.01, 1, 1, 4, [0])  # timed: 10 ms
+    w.skip_next_gap()  # a K table change handled between steps
+    w.observe_step(10.05, 1, 0, 0, [])  # its gap holds the change: not timed
+    w.observe_step(10.06, 1, 0, 0, [])  # timed: 10 ms
+    steps = {(s["batch_size"], s["num_speculative_tokens"]): s for s in w.drain()["steps"]}
+    assert steps[(1, 4)]["num_steps"] == 1 and steps[(1, 0)]["num_steps"] == 1
+    assert steps[(1, 0)]["mean_step_time_s"] == pytest.approx(0.01)

@@ -1,0 +1,233 @@
+"""The speculation controller running inside one engine: measure, decide, apply, report.
+
+`control.policy` decides (pure: signals in, a batch-size -> K table and a replica target
+out); this module is the loop around it for one live engine. Every `interval_s` it turns
+what the engine measured since the last interval (`actors.spec_stats.StepWindow`:
+per-position drafts and accepted tokens, step times by batch size and K, scheduler load)
+into `ReplicaSignals`, calls `decide`, and when the table for this engine changes (or a
+probe starts or ends) puts the new one in force on the live engine with
+`Engine.set_spec_schedule` (`actors.live_schedule`: between two steps, nothing dropped).
+
+What it reports (`state()`): the K at the current batch size, the table, the reason of
+the latest decision, the recent changes with their reasons, the capacity the replica
+predicts at the latency target (what the Serve autoscaler reads), and, once drafting is
+off at every batch size, advice to run a replica without speculation (a K=0 table does
+not remove the drafter's pass). Each change is logged.
+
+Each engine runs its own controller: acceptance is learned per engine from its own
+traffic, and no cross-actor round trip sits in the control path. Knows nothing about
+Ray or Serve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from configs.schema import EngineConfig, SpecControllerConfig
+
+if TYPE_CHECKING:
+    from actors.engine import Engine
+    from control.policy import ControllerConfig, Decision
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_DIR = Path(__file__).resolve().parent.parent / "configs" / "calibration"
+RECENT_CHANGES = 20
+# What an operator should know once drafting is off everywhere: off by table is not off.
+OFF_ADVICE = ("this engine still runs the drafter's first forward pass on every K=0 step (vLLM keeps the "
+              "draft KV cache in sync for when K rises again), so while the workload stays like this a "
+              "replica started without speculation (engine.spec.method: none) serves it faster")
+
+
+def calibration_path(name_or_path: str) -> Path:
+    """A calibration file: a path, or a name under configs/calibration."""
+    path = Path(name_or_path)
+    if path.suffix == ".json" and path.exists():
+        return path
+    shipped = CALIBRATION_DIR / f"{name_or_path}.json"
+    if shipped.exists():
+        return shipped
+    names = sorted(p.stem for p in CALIBRATION_DIR.glob("*.json") if not p.stem.endswith(".residuals"))
+    raise ValueError(f"spec.controller.calibration={name_or_path!r} is neither a .json file nor one of {names}")
+
+
+def controller_config(engine: EngineConfig, kv_capacity_tokens: int | None = None) -> "ControllerConfig":
+    """The policy's config for this engine: its K_max, batch limit and KV size, the
+    calibrated step cost, and the settings from `engine.spec.controller`."""
+    from control.calibration import load_calibration
+    from configs.vllm_args import live_k_values
+    from control.policy import ControllerConfig
+
+    settings: SpecControllerConfig = engine.spec.controller
+    cal = load_calibration(calibration_path(settings.calibration))
+    k_max = engine.spec.num_speculative_tokens
+    prior = list(settings.acceptance_prior or cal.acceptance_per_pos or [0.5])
+    prior = (prior + [prior[-1]] * k_max)[:k_max]
+    return ControllerConfig(
+        cost=cal.cost,
+        max_num_speculative_tokens=k_max,
+        max_num_seqs=engine.max_num_seqs,
+        kv_capacity_tokens=kv_capacity_tokens or cal.kv_capacity_tokens or 1 << 20,
+        acceptance_prior=tuple(prior),
+        target_tpot_s=settings.target_tpot_ms / 1000.0,
+        switch_min_gain=settings.switch_min_gain,
+        switch_dwell_intervals=settings.switch_dwell_intervals,
+        probe_budget=settings.probe_budget,
+        allowed_k=tuple(live_k_values(engine)),
+    )
+
+
+def startup_schedule(engine: EngineConfig) -> list[list[int]]:
+    """The table an engine with a controller starts with: the configured `schedule`,
+    else what the calibration and acceptance prior predict (the controller's own first
+    table), so the first interval already runs a sensible K at every batch size."""
+    if engine.spec.schedule is not None:
+        return [list(r) for r in engine.spec.schedule]
+    from control.policy import initial_state
+
+    return _table_rows(initial_state(controller_config(engine)).k_by_batch)
+
+
+def _table_rows(k_by_batch) -> list[list[int]]:
+    """A dense batch-size -> K table as vLLM's [[lo, hi, K], ...] rows."""
+    from control.policy import schedule_from_table
+
+    return [[int(v) for v in r] for r in schedule_from_table(k_by_batch)]
+
+
+class LiveSpecController:
+    """One engine's controller loop. Start with `ensure_running()` from the engine's
+    event loop; `state()` is safe to call any time."""
+
+    def __init__(self, engine: "Engine", cfg: EngineConfig, kv_capacity_tokens: int | None):
+        from control.policy import initial_state
+
+        self.engine = engine
+        self.interval_s = cfg.spec.controller.interval_s
+        self.config = controller_config(cfg, kv_capacity_tokens)
+        self.state_ = initial_state(self.config)
+        self.replica_id = "self"
+        self.in_force: list[list[int]] = startup_schedule(cfg)
+        self.last: "Decision | None" = None
+        self.reason = "start-up table from the calibration and the acceptance prior"
+        self.num_changes = 0  # tables put on the engine: decided changes, probes and their ends
+        # Decided changes and probes kept apart: where the choice is close, probes come
+        # often and would push the decisions out of one short log.
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_CHANGES)
+        self.recent_probes: deque[dict[str, Any]] = deque(maxlen=RECENT_CHANGES)
+        self.num_probes = 0
+        self.errors = 0
+        self.all_off_since: float | None = None  # monotonic time the decided table went all K=0
+        self._task: asyncio.Task | None = None
+
+    def ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a failed interval keeps the table in force; never kills serving
+                self.errors += 1
+                log.exception("speculation controller interval failed; keeping K table %s", self.in_force)
+
+    async def step(self) -> None:
+        """One interval: signals -> decision -> (maybe) a new table on the engine."""
+        from control.policy import decide
+
+        signals = self._signals(self.engine.step_window.drain())
+        decided_before = self.state_.k_by_batch
+        decision, self.state_ = decide([signals], self.state_, self.config)
+        self.last = decision
+        self.reason = decision.reason
+        if any(decision.k_by_batch):
+            self.all_off_since = None
+        elif self.all_off_since is None:
+            self.all_off_since = time.monotonic()
+            log.warning("speculation controller: drafting off at every batch size; %s", OFF_ADVICE)
+        now = {"at_unix_s": round(time.time(), 3), "interval": self.state_.interval, "reason": decision.reason}
+        probing = decision.probe_replica == self.replica_id
+        if decision.changed:  # logged as decided, even when a probe runs on top of it this interval
+            self.recent.append({**now, "kind": "table", "from": _table_rows(decided_before),
+                                "to": _table_rows(decision.k_by_batch)})
+        self.num_probes += probing
+        wanted = [[int(v) for v in r] for r in decision.schedules.get(self.replica_id, decision.schedule)]
+        if wanted != self.in_force:
+            applied = await self.engine.set_spec_schedule(wanted)
+            old, self.in_force = self.in_force, [list(r) for r in applied["schedule"]]
+            self.num_changes += 1
+            if probing or not decision.changed:  # not decided: a probe, or the table back after one
+                self.recent_probes.append({**now, "kind": "probe" if probing else "probe ended",
+                                           "from": old, "to": self.in_force})
+            log.info("K table %s -> %s: %s", old, self.in_force, decision.reason)
+
+    def _signals(self, window: dict[str, Any]):
+        from control.policy import ReplicaSignals, StepTimeSample
+
+        sig = self.engine.signals
+        samples = tuple(
+            StepTimeSample(s["batch_size"], s["num_speculative_tokens"], s["num_steps"], s["mean_step_time_s"],
+                           s["mean_prefill_tokens"], s["mean_context_tokens_per_req"])
+            for s in window["steps"] if s["batch_size"] <= self.config.max_num_seqs
+            and s["num_speculative_tokens"] <= self.config.max_num_speculative_tokens)
+        running = int(sig.get("num_running_reqs", 0))
+        ctx = [s.mean_context_tokens_per_req for s in samples if s.mean_context_tokens_per_req]
+        return ReplicaSignals(
+            replica_id=self.replica_id,
+            num_running_reqs=running,
+            num_waiting_reqs=int(sig.get("num_waiting_reqs", 0)),
+            kv_cache_usage=float(sig.get("kv_cache_usage", 0.0)),
+            num_drafts_per_pos=tuple(window["drafts_per_pos"]),
+            num_accepted_per_pos=tuple(window["accepted_per_pos"]),
+            step_samples=samples,
+            mean_context_tokens_per_req=sum(ctx) / len(ctx) if ctx else 0.0,
+        )
+
+    def state(self) -> dict[str, Any]:
+        sig = self.engine.signals
+        running = int(sig.get("num_running_reqs", 0))
+        b = min(max(running, 1), self.config.max_num_seqs)
+        from control.baselines import dense_from_schedule
+
+        dense = dense_from_schedule(self.in_force, self.config.max_num_seqs, self.config.max_num_speculative_tokens)
+        out: dict[str, Any] = {
+            "k_in_force": dense[b - 1],
+            "schedule": self.in_force,  # on the engine now: the table, or a probe for one interval
+            "table": _table_rows(self.state_.k_by_batch),
+            "reason": self.reason,
+            "changes": self.num_changes,
+            "interval": self.state_.interval,
+            "recent_changes": list(self.recent),  # decided changes, newest last
+            "probes": self.num_probes,  # intervals that ran a probe
+            "recent_probes": list(self.recent_probes),
+            "interval_errors": self.errors,
+            "num_running_reqs": running,
+            "num_waiting_reqs": int(sig.get("num_waiting_reqs", 0)),
+            "acceptance_per_pos": [round(float(p), 4) for p in self.state_.acceptance.acceptance_per_pos],
+            "capacity": None,
+            "advice": None,
+        }
+        if self.all_off_since is not None:
+            out["advice"] = (f"drafting has been off at every batch size for "
+                             f"{time.monotonic() - self.all_off_since:.0f} s: {OFF_ADVICE}")
+        if self.last is not None:
+            cap = self.last.capacity
+            out["capacity"] = {"batch_size": int(cap.batch_size), "num_speculative_tokens": int(cap.num_speculative_tokens),
+                               "tokens_per_s": round(float(cap.tokens_per_s), 2), "tpot_s": float(cap.tpot_s),
+                               "meets_target": bool(cap.meets_target)}
+            out["probe"] = int(self.last.probe_num_speculative_tokens) or None
+        return out
+

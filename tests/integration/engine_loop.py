@@ -1,0 +1,33 @@
+"""Drive an in-process `Engine` from synchronous tests.
+
+vLLM's async engine binds its output handler to the event loop of its first request, so
+an engine must live on one loop for its whole life: this keeps that loop in a thread.
+"""
+
+import asyncio
+import threading
+
+from actors.engine import Engine
+from configs import load_config
+
+
+class LoopThread:
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout=300):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start_engine(self, overrides: list[str]) -> Engine:
+        cfg = load_config("tiny", overrides)
+
+        async def build():
+            return Engine(cfg.engine, cfg.sampling)
+
+        return self.run(build())
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)

@@ -1,0 +1,67 @@
+"""`jobs.profile_steps` on the tiny model: one engine, K moved live, a calibration out.
+
+Runs the job as a user would (its own process: the engine core is spawned from it), on
+a small grid, and reads the file back with `control.calibration.load_calibration`, the
+way the speculation controller does. Asserts what a user of the file relies on, not
+timings: every point measured, the fit positive and drafting dearer than not drafting,
+the engine's limits and the head's acceptance recorded. ≈ 30-60 s on 2 cores.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from configs import load_config
+from control.calibration import load_calibration
+
+pytestmark = pytest.mark.integration
+
+BATCH_SIZES = (1, 4)
+KS = (0, 4)
+
+
+@pytest.fixture(scope="module")
+def profiled(tiny_models, repo_root, tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("calibration")
+    out, plot = out_dir / "cpu-test.json", out_dir / "steps.png"
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs.profile_steps", "--config", "tiny", "--out", str(out),
+         "--batch-sizes", ",".join(map(str, BATCH_SIZES)), "--ks", ",".join(map(str, KS)),
+         "--tokens", "24", "--repeats", "2", "--max-repeats", "2", "--long-context", "0", "--plot", str(plot)],
+        cwd=repo_root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return load_calibration(out), proc.stdout, plot
+
+
+def test_every_point_is_measured_in_a_calibration_the_controller_loads(profiled):
+    cal, stdout, _ = profiled
+    assert cal.status == "measured" and cal.name == "cpu-test"
+    assert sorted((m.batch_size, m.num_speculative_tokens) for m in cal.measurements) == [
+        (b, k) for b in BATCH_SIZES for k in KS]
+    for m in cal.measurements:
+        assert m.step_time_s > 0 and m.num_steps >= 3
+        assert m.num_context_tokens > m.batch_size  # prompt plus generated tokens, batch total
+    progress = [line for line in stdout.splitlines() if line.startswith("B=")]
+    assert len(progress) == len(cal.measurements)
+
+
+def test_fit_is_positive_and_drafting_costs_time(profiled):
+    cal, _, _ = profiled
+    assert all(r["fitted_step_time_s"] > 0 for r in cal.fit["residuals"])
+    for b in BATCH_SIZES:
+        context = next(m.num_context_tokens for m in cal.measurements if m.batch_size == b)
+        assert cal.cost.step_time_s(b, 4, context) > cal.cost.step_time_s(b, 0, context) > 0
+
+
+def test_engine_limits_and_head_acceptance_are_recorded(profiled):
+    cal, _, plot = profiled
+    engine = load_config("tiny").engine
+    assert cal.max_num_seqs == engine.max_num_seqs
+    assert cal.max_num_speculative_tokens == engine.spec.num_speculative_tokens
+    assert cal.kv_capacity_tokens > max(BATCH_SIZES) * 100
+    # The trained P-EAGLE head gets drafts accepted, fewer at deeper positions.
+    assert len(cal.acceptance_per_pos) == max(KS)
+    assert cal.acceptance_per_pos[0] > 0
+    assert cal.acceptance_per_pos[0] >= cal.acceptance_per_pos[-1]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
