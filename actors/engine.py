@@ -12,6 +12,8 @@ deployment hold an `Engine`; they never build a vLLM engine their own way.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -103,8 +105,6 @@ class Engine:
 
     def __init__(self, cfg: EngineConfig, defaults: SamplingDefaults | None = None, device: str = "cpu"):
         prepare_process_env(device)
-        from vllm import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.metrics.loggers import StatLoggerBase
 
         if cfg.spec.controller is not None and cfg.spec.schedule is None:
@@ -126,20 +126,82 @@ class Engine:
             record = staticmethod(sink.record)
             log_engine_initialized = staticmethod(sink.log_engine_initialized)
 
-        started = time.monotonic()
+        self._sink, self._logger_cls = sink, _Logger
         self.kwargs = to_vllm_kwargs(cfg)
-        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.kwargs), stat_loggers=[_Logger])
-        self._tokenizer = self._llm.get_tokenizer()
-        self.max_model_len = self._llm.model_config.max_model_len
-        self.kv_capacity_tokens = _kv_capacity_tokens(self._llm.vllm_config)
-        sink.kv_capacity_tokens = self.kv_capacity_tokens
+        self.speculating = cfg.spec.method != "none"  # False after a restart without speculation
+        self._openai: tuple | None = None  # (app, args, tasks) once the OpenAI app is built
+        self._admitted = asyncio.Event()  # cleared while the engine restarts
+        self._admitted.set()
+        self.num_active = 0  # requests inside the engine now (generate, score, online)
+        self.num_restarts = 0
+        self._start_llm(self.kwargs)
         self.controller = None
         if cfg.spec.controller is not None:
             from actors.spec_control import LiveSpecController
 
             self.controller = LiveSpecController(self, cfg, self.kv_capacity_tokens)
+
+    def _start_llm(self, kwargs: dict[str, Any]) -> None:
+        """Build vLLM's engine (blocking; seconds to minutes) and what depends on it."""
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        started = time.monotonic()
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=[self._logger_cls])
+        self._tokenizer = self._llm.get_tokenizer()
+        self.max_model_len = self._llm.model_config.max_model_len
+        self.kv_capacity_tokens = _kv_capacity_tokens(self._llm.vllm_config)
+        self._sink.kv_capacity_tokens = self.kv_capacity_tokens
         self.startup_s = time.monotonic() - started
-        log.info("engine ready in %.1fs: %s spec=%s", self.startup_s, cfg.model, cfg.spec.method)
+        log.info("engine ready in %.1fs: %s spec=%s", self.startup_s, self.cfg.model,
+                 self.cfg.spec.method if kwargs.get("speculative_config") else "none")
+
+    # -- admission and restart -----------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def admitted(self):
+        """Every request runs inside this: it waits while the engine restarts, and a
+        restart waits until the requests inside have finished."""
+        await self._admitted.wait()
+        self.num_active += 1
+        try:
+            yield
+        finally:
+            self.num_active -= 1
+
+    async def restart_engine(self, speculating: bool, drain_timeout_s: float = 600.0) -> float:
+        """Replace vLLM's engine by one with (`speculating`) or without its drafter: new
+        requests wait, the requests inside finish, the old engine stops, the new one
+        starts, waiting requests go on. Returns the restart's seconds (its measured cost).
+        No request is dropped or sees the change; the statistics carry on."""
+        if speculating and self.cfg.spec.method == "none":
+            raise ValueError("engine was configured with spec.method='none': nothing to restart with")
+        self._admitted.clear()
+        try:
+            started = time.monotonic()
+            while self.num_active:  # bounded: every request has max_tokens
+                if time.monotonic() - started > drain_timeout_s:
+                    raise TimeoutError(f"{self.num_active} requests still running after {drain_timeout_s:.0f} s; "
+                                       "engine not restarted")
+                await asyncio.sleep(0.02)
+            from configs.schema import SpecConfig
+
+            cfg = self.cfg if speculating else self.cfg.model_copy(update={"spec": SpecConfig()})
+            self._llm.shutdown()
+            await asyncio.to_thread(self._start_llm, to_vllm_kwargs(cfg))
+            self.speculating = speculating
+            self.num_restarts += 1
+            self.step_window.skip_next_gap()
+            if self._openai is not None:  # the OpenAI layer serves the new engine from now on
+                from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+
+                app, args, tasks = self._openai
+                await init_app_state(self._llm, app.state, args, tasks)
+            seconds = time.monotonic() - started
+            log.warning("engine restarted %s speculation in %.1fs", "with" if speculating else "without", seconds)
+            return seconds
+        finally:
+            self._admitted.set()
 
     # -- request mapping -------------------------------------------------------------
 
@@ -189,7 +251,8 @@ class Engine:
             params = self._sampling_params(req, len(prompt_ids))
         except RequestError as exc:
             return error_result(request_id, "invalid_request", str(exc))
-        return await self._run(req, prompt_ids, params)
+        async with self.admitted():
+            return await self._run(req, prompt_ids, params)
 
     async def _run(self, req: GenerationRequest, prompt_ids: list[int], params) -> dict[str, Any]:
         from vllm import TokensPrompt
@@ -243,6 +306,7 @@ class Engine:
         tasks = await self._llm.get_supported_tasks()
         app = build_app(args, tasks, self._llm.model_config)
         await init_app_state(self._llm, app.state, args, tasks)
+        self._openai = (app, args, tasks)  # re-bound to the new engine after a restart
         return app
 
     # -- speculation depth -------------------------------------------------------------
@@ -257,8 +321,9 @@ class Engine:
         from configs.schema import check_schedule
 
         max_k = self.cfg.spec.num_speculative_tokens or 0
-        if not max_k:
-            raise ValueError(f"engine runs spec.method={self.cfg.spec.method!r}: there is no K to change")
+        if not max_k or not self.speculating:
+            method = self.cfg.spec.method if self.speculating else "none (restarted without speculation)"
+            raise ValueError(f"engine runs spec.method={method!r}: there is no K to change")
         table = [[int(v) for v in r] for r in schedule]
         check_schedule(table, max_k)
         allowed = live_k_values(self.cfg)
@@ -287,7 +352,10 @@ class Engine:
         return await self._llm.engine_core.call_utility_async(GET_METHOD)
 
     async def check_health(self) -> None:
-        """Raises if the engine loop has died."""
+        """Raises if the engine loop has died. A restart in progress is healthy (it is
+        bounded, and requests wait for it)."""
+        if not self._admitted.is_set():
+            return
         await self._llm.check_health()
 
     # -- introspection -----------------------------------------------------------------
@@ -368,9 +436,10 @@ class Engine:
             return error_result(request_id, "invalid_request", f"num_top_logprobs={num_top_logprobs!r}: {exc}")
         final = None
         try:
-            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=token_ids), params,
-                                                f"{request_id}-score-{uuid.uuid4().hex[:12]}", priority=priority):
-                final = out
+            async with self.admitted():
+                async for out in self._llm.generate(TokensPrompt(prompt_token_ids=token_ids), params,
+                                                    f"{request_id}-score-{uuid.uuid4().hex[:12]}", priority=priority):
+                    final = out
         except Exception as exc:  # the engine failed this row; the caller decides on retry
             log.warning("score %s failed in the engine: %r", request_id, exc)
             return error_result(request_id, "engine_error", f"{type(exc).__name__}: {exc}")

@@ -25,8 +25,9 @@ import asyncio
 import logging
 import time
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from configs.schema import EngineConfig, SpecControllerConfig
 
@@ -38,6 +39,10 @@ log = logging.getLogger(__name__)
 
 CALIBRATION_DIR = Path(__file__).resolve().parent.parent / "configs" / "calibration"
 RECENT_CHANGES = 20
+# The K / batch-size timeline (`state()["timeline"]`, plotted next to a job's summary) keeps
+# at most this many points over the engine's whole life: when full, every other point goes
+# and the spacing doubles, so a long job keeps its whole shape at a coarser step.
+TIMELINE_POINTS = 240
 # What an operator should know once drafting is off everywhere: off by table is not off.
 OFF_ADVICE = ("this engine still runs the drafter's first forward pass on every K=0 step (vLLM keeps the "
               "draft KV cache in sync for when K rises again), so while the workload stays like this a "
@@ -100,14 +105,25 @@ def _table_rows(k_by_batch) -> list[list[int]]:
     return [[int(v) for v in r] for r in schedule_from_table(k_by_batch)]
 
 
+Window = dict[str, Any]  # what `actors.spec_stats.StepWindow.drain` returns
+
+
 class LiveSpecController:
     """One engine's controller loop. Start with `ensure_running()` from the engine's
-    event loop; `state()` is safe to call any time."""
+    event loop; `state()` is safe to call any time.
 
-    def __init__(self, engine: "Engine", cfg: EngineConfig, kv_capacity_tokens: int | None):
+    `measure` gives the interval's measurements (default: drain the engine's step
+    window) and `clock` the time in seconds (default: monotonic). Both are injectable so
+    that a decision can be replayed from recorded or stated measurements: the same
+    `step()` then decides the same way on any machine, however fast it runs."""
+
+    def __init__(self, engine: "Engine", cfg: EngineConfig, kv_capacity_tokens: int | None, *,
+                 measure: Callable[[], Window] | None = None, clock: Callable[[], float] = time.monotonic):
         from control.policy import initial_state
 
         self.engine = engine
+        self.measure = measure or engine.step_window.drain
+        self.clock = clock
         self.interval_s = cfg.spec.controller.interval_s
         self.config = controller_config(cfg, kv_capacity_tokens)
         self.state_ = initial_state(self.config)
@@ -122,8 +138,28 @@ class LiveSpecController:
         self.recent_probes: deque[dict[str, Any]] = deque(maxlen=RECENT_CHANGES)
         self.num_probes = 0
         self.errors = 0
-        self.all_off_since: float | None = None  # monotonic time the decided table went all K=0
+        self.started_at_s = clock()
+        self.timeline: list[list[float]] = []  # [seconds since start, running requests, K in force]
+        self._timeline_stride = 1
+        self._intervals_seen = 0
+        self.all_off_since: float | None = None  # clock time the decided table went all K=0
         self._task: asyncio.Task | None = None
+        # Drafting off by replacement (control.replacement): restart without the drafter, and back.
+        from control.replacement import ReplacementConfig, ReplacementState
+
+        r = cfg.spec.controller.replacement
+        self.replacement_enabled = r.enabled
+        self.replacement_config = ReplacementConfig(r.min_gain, r.dwell_intervals, r.cost_margin, r.cooldown_intervals)
+        self.replacement_state = ReplacementState(speculating=engine.speculating)
+        self.replacement_reason: str | None = None
+        self.restarts: deque[dict[str, Any]] = deque(maxlen=RECENT_CHANGES)
+        self.switch_cost_s = float(getattr(engine, "startup_s", 0.0))  # measured at every (re)start
+        self.plain_factor = 1.0  # plain engine's measured steps / predicted; 1 until measured
+        self.recent_batch_sizes: deque[int] = deque(maxlen=r.dwell_intervals)  # the load lately
+        self._plain_sums = [0.0, 0.0]  # measured, predicted seconds (decayed)
+        # Permission from the pool to restart (one host at a time, never below the healthy
+        # minimum): an object with async acquire() -> bool and release(); None allows.
+        self.lease = None
 
     def ensure_running(self) -> None:
         if self._task is None or self._task.done():
@@ -145,10 +181,16 @@ class LiveSpecController:
                 log.exception("speculation controller interval failed; keeping K table %s", self.in_force)
 
     async def step(self) -> None:
-        """One interval: signals -> decision -> (maybe) a new table on the engine."""
+        """One interval: signals -> decision -> (maybe) a new table on the engine, and
+        (maybe) a restart of the engine without its drafter or back with it."""
         from control.policy import decide
 
-        signals = self._signals(self.engine.step_window.drain())
+        window = self.measure()
+        speculating = self.engine.speculating
+        if not speculating:  # a plain engine: its steps say nothing of drafts or the drafter's cost
+            self._observe_plain_steps(window)
+            window = {**window, "drafts_per_pos": [], "accepted_per_pos": [], "steps": []}
+        signals = self._signals(window)
         decided_before = self.state_.k_by_batch
         decision, self.state_ = decide([signals], self.state_, self.config)
         self.last = decision
@@ -156,13 +198,17 @@ class LiveSpecController:
         if any(decision.k_by_batch):
             self.all_off_since = None
         elif self.all_off_since is None:
-            self.all_off_since = time.monotonic()
+            self.all_off_since = self.clock()
             log.warning("speculation controller: drafting off at every batch size; %s", OFF_ADVICE)
-        now = {"at_unix_s": round(time.time(), 3), "interval": self.state_.interval, "reason": decision.reason}
+        now = {"at_s": round(self.clock(), 3), "interval": self.state_.interval, "reason": decision.reason}
         probing = decision.probe_replica == self.replica_id
         if decision.changed:  # logged as decided, even when a probe runs on top of it this interval
             self.recent.append({**now, "kind": "table", "from": _table_rows(decided_before),
                                 "to": _table_rows(decision.k_by_batch)})
+        if not speculating:  # nothing to put in force: the table waits for the drafter's return
+            await self._consider_restart(signals, decision)
+            self._record_timeline(signals.num_running_reqs)
+            return
         self.num_probes += probing
         wanted = [[int(v) for v in r] for r in decision.schedules.get(self.replica_id, decision.schedule)]
         if wanted != self.in_force:
@@ -173,6 +219,88 @@ class LiveSpecController:
                 self.recent_probes.append({**now, "kind": "probe" if probing else "probe ended",
                                            "from": old, "to": self.in_force})
             log.info("K table %s -> %s: %s", old, self.in_force, decision.reason)
+        await self._consider_restart(signals, decision)
+        self._record_timeline(signals.num_running_reqs)
+
+    def _observe_plain_steps(self, window: Window) -> None:
+        """The plain engine's step times against the model's prediction for them."""
+        from control.model import plain_step_time_s
+
+        decay = 0.5 ** (sum(s["num_steps"] for s in window["steps"]) / self.config.step_time_halflife_steps)
+        self._plain_sums = [v * decay for v in self._plain_sums]
+        for s in window["steps"]:
+            if s["num_speculative_tokens"] == 0 and 1 <= s["batch_size"] <= self.config.max_num_seqs:
+                ctx = s["mean_context_tokens_per_req"] * s["batch_size"]
+                predicted = self.state_.step_time_scale[0] * plain_step_time_s(self.config.cost, s["batch_size"], ctx)
+                self._plain_sums[0] += s["num_steps"] * s["mean_step_time_s"]
+                self._plain_sums[1] += s["num_steps"] * predicted
+        if self._plain_sums[1] > 0:
+            self.plain_factor = self._plain_sums[0] / self._plain_sums[1]
+
+    async def _consider_restart(self, signals, decision) -> None:
+        """Restart the engine without its drafter (or back) when control.replacement says so."""
+        from control.replacement import decide_replacement, times_per_token_s
+
+        if not self.replacement_enabled or self.engine.cfg.spec.method == "none":
+            return
+        b = min(max(signals.num_running_reqs, 1), self.config.max_num_seqs)
+        self.recent_batch_sizes.append(b)
+        seen = decision.k_by_batch[min(self.recent_batch_sizes) - 1:max(self.recent_batch_sizes)]
+        k_table = int(decision.k_by_batch[b - 1])
+        ctx = signals.mean_context_tokens_per_req or self.config.default_context_tokens_per_req
+        spec_s, plain_s = times_per_token_s(self.config.cost, self.state_.step_time_scale,
+                                            self.state_.acceptance.acceptance_per_pos, b, k_table, ctx, self.plain_factor)
+        speculating = self.engine.speculating
+        before = self.replacement_state
+        verdict, after = decide_replacement(
+            before, self.replacement_config, interval_s=self.interval_s,
+            table_all_off=not any(seen), drafting_wanted_at_load=all(seen),
+            time_per_token_now_s=spec_s if speculating else plain_s,
+            time_per_token_other_s=plain_s if speculating else spec_s,
+            switch_cost_s=self.switch_cost_s)
+        self.replacement_reason = verdict.reason
+        if not verdict.switch:
+            self.replacement_state = after
+            return
+        if self.lease is not None and not await self.lease.acquire():
+            self.replacement_reason = f"restart waits for the pool (another host restarting, or at its minimum): {verdict.reason}"
+            self.replacement_state = replace(after, speculating=before.speculating,
+                                             wanted_intervals=before.wanted_intervals + 1,
+                                             intervals_since_switch=before.intervals_since_switch + 1)
+            return
+        try:
+            log.warning("speculation controller: %s", verdict.reason)
+            seconds = await self.engine.restart_engine(verdict.speculating)
+        finally:
+            if self.lease is not None:
+                await self.lease.release()
+        self.switch_cost_s = seconds
+        self.replacement_state = after
+        if verdict.speculating:  # the drafter is back, with the table it starts with
+            self.in_force = [list(r) for r in self.engine.cfg.spec.schedule]
+        self.restarts.append({"at_s": round(self.clock(), 3), "interval": self.state_.interval,
+                              "kind": "restart", "speculating": verdict.speculating,
+                              "restart_s": round(seconds, 2), "reason": verdict.reason})
+
+    def _record_timeline(self, num_running: int) -> None:
+        self._intervals_seen += 1
+        if (self._intervals_seen - 1) % self._timeline_stride:
+            return
+        b = min(max(num_running, 1), self.config.max_num_seqs)
+        self.timeline.append([round(self.clock() - self.started_at_s, 3), num_running, self._k_at(b),
+                              int(self.engine.speculating)])
+        if len(self.timeline) >= TIMELINE_POINTS:
+            self.timeline = self.timeline[::2]
+            self._timeline_stride *= 2
+
+    def _k_at(self, batch_size: int) -> int:
+        """The K the table in force runs at this batch size (0 on a plain engine)."""
+        from control.baselines import dense_from_schedule
+
+        if not self.engine.speculating:
+            return 0
+        dense = dense_from_schedule(self.in_force, self.config.max_num_seqs, self.config.max_num_speculative_tokens)
+        return int(dense[batch_size - 1])
 
     def _signals(self, window: dict[str, Any]):
         from control.policy import ReplicaSignals, StepTimeSample
@@ -200,12 +328,12 @@ class LiveSpecController:
         sig = self.engine.signals
         running = int(sig.get("num_running_reqs", 0))
         b = min(max(running, 1), self.config.max_num_seqs)
-        from control.baselines import dense_from_schedule
-
-        dense = dense_from_schedule(self.in_force, self.config.max_num_seqs, self.config.max_num_speculative_tokens)
+        speculating = self.engine.speculating
         out: dict[str, Any] = {
-            "k_in_force": dense[b - 1],
-            "schedule": self.in_force,  # on the engine now: the table, or a probe for one interval
+            "engine": "speculating" if speculating else "plain",  # plain: restarted without its drafter
+            "k_in_force": self._k_at(b),
+            # On the engine now: the table, or a probe for one interval; None on a plain engine.
+            "schedule": self.in_force if speculating else None,
             "table": _table_rows(self.state_.k_by_batch),
             "reason": self.reason,
             "changes": self.num_changes,
@@ -219,10 +347,16 @@ class LiveSpecController:
             "acceptance_per_pos": [round(float(p), 4) for p in self.state_.acceptance.acceptance_per_pos],
             "capacity": None,
             "advice": None,
+            "timeline": [list(p) for p in self.timeline],  # [s, running requests, K in force, speculating]
+            "replacement": self.replacement_reason if self.replacement_enabled else "disabled",
+            "restarts": getattr(self.engine, "num_restarts", len(self.restarts)),
+            "recent_restarts": list(self.restarts),
+            "switch_cost_s": round(self.switch_cost_s, 2),
+            "plain_step_factor": round(self.plain_factor, 3),
         }
-        if self.all_off_since is not None:
+        if self.all_off_since is not None and speculating:
             out["advice"] = (f"drafting has been off at every batch size for "
-                             f"{time.monotonic() - self.all_off_since:.0f} s: {OFF_ADVICE}")
+                             f"{self.clock() - self.all_off_since:.0f} s: {OFF_ADVICE}")
         if self.last is not None:
             cap = self.last.capacity
             out["capacity"] = {"batch_size": int(cap.batch_size), "num_speculative_tokens": int(cap.num_speculative_tokens),

@@ -25,6 +25,24 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
 
+class ReplacementSettings(StrictModel):
+    """Drafting off by replacement (control/replacement.py): an engine whose table has been
+    K=0 everywhere restarts without its drafter when that pays for the restart, and back
+    with speculation when the load makes drafting pay again."""
+
+    enabled: bool = Field(True, description="Allow restarts; false keeps the drafter whatever the load.")
+    min_gain: float = Field(
+        0.05, ge=0, lt=1, description="Per-token time the other engine must save (fraction) for a restart "
+        "to be wanted. Higher: fewer restarts, more time left on the table.")
+    dwell_intervals: int = Field(
+        5, ge=1, description="Controller intervals in a row a restart must be wanted before it is made.")
+    cost_margin: float = Field(
+        2.0, ge=0, description="The saving over the expected rest of the load (as long as it has lasted) "
+        "must exceed this x the engine's measured start-up time.")
+    cooldown_intervals: int = Field(
+        20, ge=0, description="Controller intervals after a restart before the next one (no flapping).")
+
+
 class SpecControllerConfig(StrictModel):
     """The load-aware speculation controller (control/policy.py) running inside each
     engine: every `interval_s` it reads the engine's own measurements and puts a new
@@ -52,6 +70,10 @@ class SpecControllerConfig(StrictModel):
     )
     probe_budget: float = Field(
         0.01, gt=0, lt=1, description="Most goodput that probing deeper positions may cost."
+    )
+    replacement: ReplacementSettings = Field(
+        default_factory=ReplacementSettings,
+        description="Restarting the engine without speculation when drafting stays off, and back.",
     )
 
     @model_validator(mode="after")

@@ -58,6 +58,10 @@ class Calibration:
     notes: str = ""
     measurements: tuple[StepMeasurement, ...] = ()
     fit: dict[str, Any] = field(default_factory=dict)
+    # K=0 steps of the speculating engine and of the same engine started without
+    # speculation (drafting "none"), side by side at each batch size: what `cost.k0_draft_*`
+    # (the drafter's pass on a speculating engine's K=0 steps) is fitted from (k0_pairs).
+    plain_measurements: tuple[StepMeasurement, ...] = ()
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -82,9 +86,35 @@ def load_calibration(path: Path | str, *, allow_placeholder: bool = False) -> Ca
         raise ValueError(f"{path} is a placeholder (no measurements fitted yet); "
                          "measure it with `python -m jobs.profile_steps` on the hardware, "
                          "or pass allow_placeholder=True")
-    data["measurements"] = tuple(StepMeasurement(**m) for m in data.get("measurements", ()))
+    for key in ("measurements", "plain_measurements"):
+        data[key] = tuple(StepMeasurement(**m) for m in data.get(key, ()))
     data["acceptance_per_pos"] = tuple(data.get("acceptance_per_pos", ()))
     return Calibration(cost=StepCostModel(**cost) if cost else None, **data)
+
+
+def fit_k0_draft_cost(cost: StepCostModel, pairs: Sequence[tuple[StepMeasurement, StepMeasurement]]) -> StepCostModel:
+    """`cost` with `k0_draft_fixed_s` and `k0_draft_per_req_s` fitted (NNLS) to what a plain
+    engine saves, from pairs of (plain engine, speculating engine at K=0) measured side by
+    side at the same batch size. Each pair gives the fraction of a K=0 step the drafter
+    takes (a ratio: load from elsewhere slows both alike), in seconds of this calibration's
+    own K=0 step, so a pair measured on a busier machine than the main grid still fits it.
+    Unchanged when there are none."""
+    if not pairs:
+        return cost
+    x = np.array([[1.0, plain.batch_size] for plain, _ in pairs])
+    model_s = np.array([cost.step_time_s(d.batch_size, 0, d.num_context_tokens) for _, d in pairs])
+    fraction = np.array([max(0.0, 1.0 - p.step_time_s / d.step_time_s) for p, d in pairs])
+    w = 1.0 / model_s  # relative error, as the main fit
+    fixed, per_req = nnls(x * w[:, None], fraction * model_s * w)
+    return replace(cost, k0_draft_fixed_s=float(fixed), k0_draft_per_req_s=float(per_req))
+
+
+def k0_pairs(measurements: Sequence[StepMeasurement]) -> list[tuple[StepMeasurement, StepMeasurement]]:
+    """(plain, speculating at K=0) pairs by batch size from a calibration's
+    `plain_measurements` (plain rows have drafting "none")."""
+    plain = {m.batch_size: m for m in measurements if m.drafting == "none"}
+    spec = {m.batch_size: m for m in measurements if m.drafting != "none"}
+    return [(plain[b], spec[b]) for b in sorted(plain) if b in spec]
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -61,9 +61,15 @@ class StepCostModel:
     draft_pass_s: float = 0.0
     draft_per_token_s: float = 0.0
     drafting: Drafting = "parallel"
+    # What a speculating engine pays on a K=0 step that an engine started without
+    # speculation does not: vLLM 0.32 still runs the drafter's first pass on K=0 steps
+    # (to keep the draft KV cache in sync). Seconds per step, plus per running request.
+    # Not part of the fitted features: measured against a plain engine (jobs.profile_steps).
+    k0_draft_fixed_s: float = 0.0
+    k0_draft_per_req_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in FEATURE_NAMES:
+        for name in FEATURE_NAMES + ("k0_draft_fixed_s", "k0_draft_per_req_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
                 raise ValueError(f"StepCostModel.{name} must be a finite number >= 0, got {value!r}")
@@ -109,6 +115,14 @@ class StepCostModel:
         `num_prefill_tokens` of prefill batched in, with `num_context_tokens` of KV read."""
         f = self.features(batch_size, num_speculative_tokens, num_context_tokens, num_prefill_tokens)
         return sum(c * x for c, x in zip(self.coefficients(), f))
+
+
+def plain_step_time_s(cost: StepCostModel, batch_size: float, num_context_tokens: float = 0.0) -> float:
+    """Seconds per step of an engine started without speculation: the K=0 step of a
+    speculating engine less its drafter's pass (`k0_draft_*`), never below a tenth of it."""
+    with_drafter = cost.step_time_s(batch_size, 0, num_context_tokens)
+    saved = cost.k0_draft_fixed_s + cost.k0_draft_per_req_s * batch_size
+    return max(with_drafter - saved, 0.1 * with_drafter)
 
 
 def tokens_per_step(acceptance_per_pos: Sequence[float], num_speculative_tokens: int) -> float:

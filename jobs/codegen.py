@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from configs import AppConfig, dump_config
+from jobs.speculation_plot import FILE_NAME as PLOT_FILE, timeline_png
 from jobs.cli import handle_dry_run, parse_config, parser, print_summary, require_input_output, start_runtime
 from pipelines.sink import summary_head
 from pipelines.storage import FsSpec, OutputStore, list_shards, plan_resume
@@ -54,6 +55,10 @@ def run_codegen(cfg: AppConfig, stage_cls: type | None = None) -> dict[str, Any]
         if committer.incomplete:
             raise RuntimeError(f"shards ended incomplete (seen, expected): {committer.incomplete}")
     summary = build_summary(cfg, shards, committed, committer, time.monotonic() - started)
+    png = timeline_png(committer.spec_control())
+    if png is not None:
+        store.write_bytes(PLOT_FILE, png)
+        summary["speculation"]["timeline_plot"] = store.uri_of(PLOT_FILE)
     store.write_text("_summary.json", json.dumps(summary, indent=2))
     return summary
 

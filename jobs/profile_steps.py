@@ -25,6 +25,12 @@ every B, the smallest and largest K with prompts of about N tokens: without a se
 context length the per-KV-token cost cannot be told apart from the per-token cost, and
 it is then held at 0.
 
+Then it starts the same engine without speculation and times its steps at each batch
+size (`--no-plain` skips this; `--add-plain` does only this, into an existing file): vLLM
+0.32 still runs the drafter's first pass on a speculating engine's K=0 steps, and what an
+engine started without speculation saves (`k0_draft_fixed_s` + `k0_draft_per_req_s` x B)
+is what the speculation controller weighs against restarting the engine.
+
 Writes a `control.calibration.Calibration` (status "measured", `jobs.profile_report`):
 the measurements, the NNLS fit of `StepCostModel` with each point's relative residual,
 the engine's KV capacity, and the per-position acceptance of the engine's head on these
@@ -39,7 +45,7 @@ import logging
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -153,7 +159,8 @@ async def _generate_all(engine, prompts: Sequence[str], max_tokens: int) -> list
 async def timed_run(engine, prompts: Sequence[str], prompt_tokens: Sequence[int], k: int,
                     max_tokens: int) -> Window:
     """Run the prompts together at K and time the steps where all of them decode."""
-    await engine.set_spec_schedule([[1, engine.cfg.max_num_seqs, k]])
+    if _speculating(engine):
+        await engine.set_spec_schedule([[1, engine.cfg.max_num_seqs, k]])
     stats, signals, batch_size = engine.stats, engine.signals, len(prompts)
     base = (stats.num_prompt_tokens, stats.num_output_tokens, stats.num_drafts,
             list(stats.num_accepted_tokens_per_pos))
@@ -215,7 +222,8 @@ async def profile(engine, points: Sequence[Point], max_tokens: int, min_repeats:
     # Warm-up at every K (first steps of a shape are slow) also gives the engine's own
     # prompt token counts and fills the prefix cache.
     for k in ks:
-        await engine.set_spec_schedule([[1, engine.cfg.max_num_seqs, k]])
+        if _speculating(engine):
+            await engine.set_spec_schedule([[1, engine.cfg.max_num_seqs, k]])
         warm = await _generate_all(engine, prompts["workload"], WARMUP_TOKENS)
     tokens = {"workload": [r["num_prompt_tokens"] for r in warm]}
     if long_context:
@@ -244,6 +252,19 @@ async def profile(engine, points: Sequence[Point], max_tokens: int, min_repeats:
         print(f"round {rounds} ({time.monotonic() - started:.0f}s): {len(todo)} points to repeat", flush=True)
     top = [w for p in points if p.variant == "workload" and p.num_speculative_tokens == ks[-1] for w in windows[p]]
     return windows, acceptance_per_pos(top, ks[-1])
+
+
+def _speculating(engine) -> bool:
+    return engine.cfg.spec.method != "none"
+
+
+def plain_config(cfg: AppConfig) -> AppConfig:
+    """The same engine started without speculation (for the drafter's cost at K=0)."""
+    from configs.schema import SpecConfig
+
+    cfg = cfg.model_copy(deep=True)
+    cfg.engine.spec = SpecConfig()
+    return cfg
 
 
 def acceptance_per_pos(windows: Sequence[Window], k: int) -> list[float]:
@@ -295,7 +316,66 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--long-context", type=int, default=512, metavar="TOKENS",
                    help="also measure min/max K at about this many prompt tokens per request (0: off)")
     p.add_argument("--plot", type=Path, default=None, help="save a PNG of measured vs fitted step time")
+    p.add_argument("--no-plain", dest="plain", action="store_false",
+                   help="skip the second engine started without speculation (its K=0 steps give what the "
+                        "drafter's pass costs at K=0, which the controller weighs against restarting the engine)")
+    p.add_argument("--add-plain", action="store_true",
+                   help="measure only the plain engine and add its fit to the existing calibration at --out")
     return p
+
+
+def measure_plain(cfg: AppConfig, args) -> list:
+    """What the drafter's pass costs a K=0 step: the speculating engine at K=0 and the same
+    engine started without speculation, side by side in one process, a run of each in turn
+    at every batch size, so load from elsewhere hits both alike. Returns pairs of
+    measurements: (plain, speculating at K=0) per batch size."""
+    from actors.engine import Engine
+
+    points = [Point(b, 0) for b in args.batch_sizes]
+    spec, plain = Engine(cfg.engine, cfg.sampling), Engine(plain_config(cfg).engine, cfg.sampling)
+    print(f"speculating engine at K=0 and a plain engine (up in {plain.startup_s:.1f}s), in turn at "
+          f"B={list(args.batch_sizes)}", flush=True)
+
+    async def both():
+        prompts = workload_prompts(max(args.batch_sizes))
+        await spec.set_spec_schedule([[1, spec.cfg.max_num_seqs, 0]])
+        tokens = [r["num_prompt_tokens"] for r in await _generate_all(spec, prompts, WARMUP_TOKENS)]
+        await _generate_all(plain, prompts, WARMUP_TOKENS)
+        runs: dict[tuple[int, str], list[Window]] = {}
+        for _ in range(args.max_repeats):
+            for b in args.batch_sizes:
+                for name, engine in (("spec", spec), ("plain", plain)):
+                    runs.setdefault((b, name), []).append(
+                        await timed_run(engine, prompts[:b], tokens[:b], 0, args.tokens))
+        return runs
+
+    try:
+        runs = asyncio.run(both())
+    finally:
+        spec.shutdown()
+        plain.shutdown()
+    out = []
+    for p in points:
+        with_drafter, without = summarize(p, runs[(p.batch_size, "spec")]), summarize(p, runs[(p.batch_size, "plain")])
+        print(f"B={p.batch_size:3d} K=0: {with_drafter.step_time_s * 1e3:6.2f} ms with the drafter, "
+              f"{without.step_time_s * 1e3:6.2f} ms without", flush=True)
+        out.append((replace(without, drafting="none"), with_drafter))
+    return out
+
+
+def with_plain(cal, pairs):
+    """The calibration with the drafter's K=0 cost fitted from (plain, speculating at K=0)
+    measurement pairs; the plain ones are kept in the file."""
+    from control.calibration import fit_k0_draft_cost
+
+    if not pairs:
+        return cal
+    cal = replace(cal, cost=fit_k0_draft_cost(cal.cost, pairs),
+                  plain_measurements=tuple(m for pair in pairs for m in pair))
+    c = cal.cost
+    print(f"drafter's pass on K=0 steps (what a plain engine saves): {c.k0_draft_fixed_s * 1e3:.3g} ms "
+          f"+ {c.k0_draft_per_req_s * 1e3:.3g} ms per running request", flush=True)
+    return cal
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,9 +396,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     from actors.engine import Engine
-    from control.calibration import save_calibration
+    from control.calibration import load_calibration, save_calibration
     from jobs.profile_report import machine_description, measured_calibration, plot, print_residuals
 
+    if args.add_plain:  # an existing calibration: only the plain engine is measured
+        cal = with_plain(load_calibration(args.out.resolve()), measure_plain(cfg, args))
+        save_calibration(cal, args.out)
+        print(f"calibration: {args.out} (plain-engine measurements added)")
+        return 0
     started = time.monotonic()
     points = plan_points(args.batch_sizes, ks, args.long_context)
     engine = Engine(cfg.engine, cfg.sampling)
@@ -330,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   args.budget_s, args.long_context))
     finally:
         engine.shutdown()
+    plain_measurements = measure_plain(cfg, args) if args.plain else []
     cal = measured_calibration(
         cfg, [summarize(p, windows[p]) for p in points], [_times(windows[p]) for p in points],
         name=args.name or args.out.stem, machine=machine_description(), kv_capacity_tokens=kv_capacity_tokens,
@@ -342,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.long_context}-token prompts make the per-KV-token cost identifiable. acceptance_per_pos: "
                 f"the engine's head on these prompts at K={max(ks)}, tokens past EOS included."),
         extra_fit={"tokens_per_request": args.tokens, "elapsed_s": round(time.monotonic() - started, 1)})
+    cal = with_plain(cal, plain_measurements)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save_calibration(cal, args.out)
     print_residuals(cal)

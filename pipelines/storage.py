@@ -152,6 +152,9 @@ class OutputStore:
     def write_text(self, name: str, text: str) -> None:
         self.fs.pipe_file(self._path(name), text.encode())
 
+    def write_bytes(self, name: str, data: bytes) -> None:
+        self.fs.pipe_file(self._path(name), data)
+
     def read_json(self, name: str) -> Any:
         return json.loads(self.fs.cat_file(self._path(name)))
 

@@ -44,6 +44,16 @@ class EngineReplica:
 
         self.cfg = AppConfig.model_validate(cfg)
         self.engine = Engine(self.cfg.engine, self.cfg.sampling, device=self.cfg.pool.device)
+        self.lease = None
+        controller = self.engine.controller
+        context = serve.get_replica_context()
+        if controller is not None and controller.replacement_enabled and context is not None:
+            # Restarts without the drafter (and back) one replica at a time, never below
+            # pool.min_actors serving (serving.restart_lease).
+            from serving.restart_lease import ReplicaLease
+
+            self.lease = ReplicaLease(context.app_name, context.replica_tag, min_healthy=self.cfg.pool.min_actors)
+            controller.lease = self.lease
         self.batch_limit = max(1, int(self.cfg.serve.max_ongoing_requests * self.cfg.serve.batch_share))
         self.batch_in_flight = 0
         self.num_busy_answers = 0
@@ -55,11 +65,20 @@ class EngineReplica:
         @app.get("/ready")
         async def ready() -> dict[str, Any]:
             await self.engine.check_health()
-            return {"ready": True, "model": self.cfg.name, "replica_pid": os.getpid()}
+            control = self.engine.spec_control_state()
+            return {"ready": True, "model": self.cfg.name, "replica_pid": os.getpid(),
+                    "speculation": speculation_brief(self.cfg, control)}
+
+        @app.get("/speculation")
+        async def speculation() -> dict[str, Any]:
+            """This replica's speculation controller in full: tables, reasons, recent
+            changes and probes, capacity, advice, and its K / batch-size timeline."""
+            return {"replica_pid": os.getpid(), **speculation_brief(self.cfg, None),
+                    "controller": self.engine.spec_control_state()}
 
         asyncio.get_running_loop().create_task(self._export_metrics())
         api_key = os.environ.get(self.cfg.serve.api_key_env)
-        return Guards(app, self.cfg.serve.max_request_bytes, api_key)
+        return Guards(app, self.cfg.serve.max_request_bytes, api_key, admit=self.engine.admitted)
 
     async def generate_batch(self, request: dict[str, Any]) -> dict[str, Any]:
         """One batch row. Returns the engine's result dict, or `{"busy": True}` when the
@@ -77,6 +96,13 @@ class EngineReplica:
         result["engine_stats"] = self.engine.stats_dict()
         self.num_batch_rows += 1
         return result
+
+    async def restart_engine(self, speculating: bool) -> dict[str, Any]:
+        """Operator action: restart this replica's engine with or without its drafter now
+        (online requests in flight finish; new ones wait for the new engine). The
+        speculation controller does the same on its own when it pays (control.replacement)."""
+        seconds = await self.engine.restart_engine(speculating)
+        return {"replica_pid": os.getpid(), "speculating": self.engine.speculating, "restart_s": round(seconds, 2)}
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -114,9 +140,21 @@ class EngineReplica:
         while True:
             try:
                 metrics.update(self.engine.stats_dict(), self.batch_in_flight)
+                if self.lease is not None:
+                    self.lease.heartbeat()
             except Exception:  # metrics must never take the replica down
                 log.exception("metrics export failed")
             await asyncio.sleep(METRICS_EVERY_S)
+
+
+def speculation_brief(cfg: AppConfig, control: dict[str, Any] | None) -> dict[str, Any]:
+    """What a person checks first: method, K, and with a controller the K in force, the
+    table on the engine and the decided one, why, and any advice."""
+    out: dict[str, Any] = {"method": cfg.engine.spec.method,
+                           "num_speculative_tokens": cfg.engine.spec.num_speculative_tokens}
+    if control:
+        out.update({key: control.get(key) for key in ("engine", "k_in_force", "schedule", "table", "reason", "advice")})
+    return out
 
 
 def deployment_for(cfg: AppConfig) -> serve.Application:

@@ -19,6 +19,21 @@ COUNTERS = {
 }
 
 
+def k_at_batch_sizes(schedule: list[list[int]]) -> list[tuple[int, int]]:
+    """K at batch sizes 1, 2, 4, ... up to the table's end, from [[lo, hi, K], ...] rows:
+    a fixed set of label values, whatever ranges the table has."""
+    if not schedule:
+        return []
+    top = max(hi for _, hi, _ in schedule)
+    out, b = [], 1
+    while b <= top:
+        out.append((b, next((k for lo, hi, k in schedule if lo <= b <= hi), schedule[-1][2])))
+        b *= 2
+    if out[-1][0] != top:
+        out.append((top, next(k for lo, hi, k in schedule if lo <= top <= hi)))
+    return out
+
+
 class ReplicaMetrics:
     def __init__(self, replica_id: str):
         from ray.util import metrics
@@ -51,6 +66,14 @@ class ReplicaMetrics:
         self.capacity = metrics.Gauge(
             "peagle_spec_capacity_tokens_per_s", description="Output tokens/s the replica predicts it "
             "delivers at the latency target with the K table in force", tag_keys=("replica",))
+        self.k_at_batch_size = metrics.Gauge(
+            "peagle_spec_k_at_batch_size", description="K at a batch size: in the table on the engine now "
+            "(table=in_force: the decided table, or a one-interval probe) or in the controller's decided "
+            "table (table=decided)", tag_keys=("replica", "batch_size", "table"))
+        self.off_advised = metrics.Gauge(
+            "peagle_spec_drafting_off_advised", description="1 while drafting is off at every batch size: a "
+            "replica started without speculation would serve this load faster (advice in /speculation)",
+            tag_keys=("replica",))
         self._last: dict[str, Any] = {}
 
     def update(self, stats: dict[str, Any], batch_in_flight: int) -> None:
@@ -79,4 +102,9 @@ class ReplicaMetrics:
                 self.k_changes.inc(delta, tags=self.tags)
             if control.get("capacity"):
                 self.capacity.set(control["capacity"]["tokens_per_s"], tags=self.tags)
+            self.off_advised.set(1.0 if control.get("advice") else 0.0, tags=self.tags)
+            for table in ("schedule", "table"):
+                for b, k in k_at_batch_sizes(control.get(table) or []):
+                    self.k_at_batch_size.set(k, tags={**self.tags, "batch_size": str(b),
+                                                      "table": "in_force" if table == "schedule" else "decided"})
         self._last = stats

@@ -2,6 +2,10 @@
 has an OpenAI error body (vLLM's answers `{"error": "Unauthorized"}`), a request-size
 limit (413), and a response header naming the replica that served the request.
 
+Also the admission gate for online requests: `admit` (the engine's `admitted`, an async
+context manager) wraps every /v1 request, so a request waits while its engine restarts
+(with or without speculation) and a restart waits for the requests inside to finish.
+
 Plain ASGI middleware; knows nothing about engines or Serve.
 """
 
@@ -28,8 +32,9 @@ async def _send_json(send, status: int, body: bytes) -> None:
 class Guards:
     """API key on /v1 routes (when a key is configured), body size limit, replica header."""
 
-    def __init__(self, app, max_request_bytes: int, api_key: str | None):
+    def __init__(self, app, max_request_bytes: int, api_key: str | None, admit=None):
         self.app = app
+        self.admit = admit
         self.max_request_bytes = max_request_bytes
         self.api_key = api_key or None
         self.replica_header = (b"x-peagle-replica-pid", str(os.getpid()).encode())
@@ -65,4 +70,7 @@ class Guards:
                 message = {**message, "headers": [*message.get("headers", []), self.replica_header]}
             await send(message)
 
+        if self.admit is not None and scope["path"].startswith("/v1"):
+            async with self.admit():
+                return await self.app(scope, limited_receive, send_with_header)
         return await self.app(scope, limited_receive, send_with_header)

@@ -1,6 +1,18 @@
-"""Shared test plumbing: the repo root on sys.path and the venv's python for subprocesses."""
+"""Shared test plumbing: the repo root on sys.path, the venv's python for subprocesses,
+and a state directory of this run's own.
 
+Everything the suite's processes would otherwise keep in shared places (Ray's session
+directory under /tmp/ray, vLLM's and torch's caches and usage stats under ~, matplotlib's
+config) goes under one fresh temporary directory, set in the environment before Ray or
+vLLM is imported (child processes inherit it) and removed when the run ends. Two suites
+on one machine then never see each other's Ray sessions or caches.
+"""
+
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -8,6 +20,24 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+STATE_DIR = Path(tempfile.mkdtemp(prefix="peagle-tests-"))
+atexit.register(shutil.rmtree, STATE_DIR, ignore_errors=True)
+for var, sub in {
+    "RAY_TMPDIR": "ray",  # Ray's session directories (default /tmp/ray)
+    "XDG_CACHE_HOME": "cache",  # default ~/.cache
+    "VLLM_CACHE_ROOT": "cache/vllm",
+    "VLLM_CONFIG_ROOT": "config/vllm",
+    "HF_HOME": "cache/huggingface",
+    "TORCHINDUCTOR_CACHE_DIR": "cache/inductor",
+    "TRITON_CACHE_DIR": "cache/triton",
+    "MPLCONFIGDIR": "config/matplotlib",
+}.items():
+    os.environ[var] = str(STATE_DIR / sub)
+    (STATE_DIR / sub).mkdir(parents=True, exist_ok=True)
+os.environ["VLLM_NO_USAGE_STATS"] = "1"
+os.environ["VLLM_DO_NOT_TRACK"] = "1"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 
 @pytest.fixture(scope="session")

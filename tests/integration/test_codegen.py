@@ -71,7 +71,8 @@ def test_164_humaneval_rows_in_164_results_out_matched_by_custom_id(s3, bucket, 
 def test_summary_reports_what_the_speculation_controller_did(s3, bucket, ray_local, tiny_models):
     _upload_humaneval(s3, f"{bucket}/ctl/in", num_shards=2, limit=32)
     run_codegen(_cfg(s3, f"{bucket}/ctl/in", f"{bucket}/ctl/out", "sampling.max_tokens=24",
-                     "engine.spec.controller.calibration=cpu-tiny", "engine.spec.controller.interval_s=0.3"))
+                     "engine.spec.controller.calibration=cpu-tiny", "engine.spec.controller.interval_s=0.3",
+                     "engine.spec.controller.replacement.enabled=false"))
     stored = json.loads(s3.filesystem().cat_file(f"{bucket}/ctl/out/_summary.json"))
     assert stored["rows_ok"] == 32 and stored["reconciled"]
     engines = stored["speculation"]["controller"]
@@ -80,6 +81,9 @@ def test_summary_reports_what_the_speculation_controller_did(s3, bucket, ray_loc
         assert c["k_in_force"] in (0, 4) and c["schedule"][0][0] == 1 and c["reason"]
         assert c["capacity"]["tokens_per_s"] > 0
         assert all(ch["reason"] for ch in c["recent_changes"])
+    # K and load over the job, as a picture next to the summary.
+    assert stored["speculation"]["timeline_plot"].endswith("/ctl/out/_speculation.png")
+    assert s3.filesystem().cat_file(f"{bucket}/ctl/out/_speculation.png")[:8] == b"\x89PNG\r\n\x1a\n"
     plain = json.loads(s3.filesystem().cat_file(f"{bucket}/he/out/_summary.json")) if s3.filesystem().exists(
         f"{bucket}/he/out/_summary.json") else None
     assert plain is None or plain["speculation"]["controller"] is None  # fixed K: nothing to report

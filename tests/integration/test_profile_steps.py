@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from configs import load_config
-from control.calibration import load_calibration
+from control.calibration import k0_pairs, load_calibration
+from control.model import plain_step_time_s
 
 pytestmark = pytest.mark.integration
 
@@ -46,12 +47,22 @@ def test_every_point_is_measured_in_a_calibration_the_controller_loads(profiled)
     assert len(progress) == len(cal.measurements)
 
 
-def test_fit_is_positive_and_drafting_costs_time(profiled):
+def test_fit_is_positive_and_never_predicts_drafting_cheaper(profiled):
+    # Properties of the fit, whatever this machine's speed: every coefficient is a cost
+    # (>= 0), so drafting never comes out cheaper than not drafting, and the residual
+    # table the file carries is the fitted model against each measurement.
     cal, _, _ = profiled
-    assert all(r["fitted_step_time_s"] > 0 for r in cal.fit["residuals"])
+    assert all(c >= 0 for c in cal.cost.coefficients()) and cal.cost.fixed_s + cal.cost.per_token_s > 0
     for b in BATCH_SIZES:
         context = next(m.num_context_tokens for m in cal.measurements if m.batch_size == b)
-        assert cal.cost.step_time_s(b, 4, context) > cal.cost.step_time_s(b, 0, context) > 0
+        assert cal.cost.step_time_s(b, 4, context) >= cal.cost.step_time_s(b, 0, context) > 0
+    assert len(cal.fit["residuals"]) == len(cal.measurements)
+    for r in cal.fit["residuals"]:
+        m = next(m for m in cal.measurements
+                 if (m.batch_size, m.num_speculative_tokens) == (r["batch_size"], r["num_speculative_tokens"]))
+        predicted = cal.cost.step_time_s(m.batch_size, m.num_speculative_tokens, m.num_context_tokens,
+                                         m.num_prefill_tokens)
+        assert r["fitted_step_time_s"] == pytest.approx(predicted, rel=1e-3)
 
 
 def test_engine_limits_and_head_acceptance_are_recorded(profiled):
@@ -65,3 +76,18 @@ def test_engine_limits_and_head_acceptance_are_recorded(profiled):
     assert cal.acceptance_per_pos[0] > 0
     assert cal.acceptance_per_pos[0] >= cal.acceptance_per_pos[-1]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_plain_engine_is_measured_beside_the_speculating_one(profiled):
+    # What restarting without the drafter would save: K=0 steps of both engines at every
+    # batch size, and the drafter's K=0 cost fitted from them (a cost: >= 0).
+    cal, stdout, _ = profiled
+    pairs = k0_pairs(cal.plain_measurements)
+    assert [plain.batch_size for plain, _ in pairs] == list(BATCH_SIZES)
+    for plain, with_drafter in pairs:
+        assert plain.drafting == "none" and plain.num_speculative_tokens == with_drafter.num_speculative_tokens == 0
+        assert plain.step_time_s > 0 and with_drafter.step_time_s > 0 and plain.num_steps >= 3
+        assert 0 < plain_step_time_s(cal.cost, plain.batch_size, plain.num_context_tokens) <= cal.cost.step_time_s(
+            plain.batch_size, 0, plain.num_context_tokens)
+    assert cal.cost.k0_draft_fixed_s >= 0 and cal.cost.k0_draft_per_req_s >= 0
+    assert "with the drafter" in stdout and "what a plain engine saves" in stdout

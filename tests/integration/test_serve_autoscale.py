@@ -147,3 +147,23 @@ def test_engine_replica_reports_engine_requests_and_controller_capacity(control_
     metrics = {name: {"r": value} for name, value in stats.items()}
     expected = None if control_state == "absent" else ReplicaCapacity(**LOW_CAPACITY)
     assert reports_from_metrics(metrics, ["r"]) == [ReplicaReport(5.0, expected)]
+
+
+def test_restart_lease_is_one_actor_per_app_granting_one_replica_at_a_time(ray_local):
+    from serving.restart_lease import ReplicaLease
+
+    a, b = ReplicaLease("lease-test", "a", min_healthy=1), ReplicaLease("lease-test", "b", min_healthy=1)
+
+    async def scenario():
+        assert not await a.acquire() and "0 other replicas alive" in a.last_answer  # b never reported
+        await b.actor.heartbeat.remote("b")
+        assert await a.acquire()
+        assert not await b.acquire() and "replica a is restarting" in b.last_answer  # the same actor
+        await a.release()
+        assert await b.acquire()
+        await b.release()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        ray.kill(a.actor)

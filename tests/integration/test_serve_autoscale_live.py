@@ -38,6 +38,7 @@ def app_url(ray_local, tiny_models):
     cfg = load_config("tiny", [
         "pool.min_actors=1", "pool.max_actors=2", "engine.max_num_seqs=16",
         "engine.spec.controller.calibration=cpu-tiny",
+        "engine.spec.controller.replacement.enabled=false",  # this test is about replica count only
         "serve.max_ongoing_requests=32", "serve.autoscale_interval_s=1", "serve.scale_down_delay_s=5",
     ])
     from serving.app import deployment_for

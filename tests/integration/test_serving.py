@@ -176,3 +176,66 @@ def test_replica_controller_state_and_capacity_reach_stats_and_prometheus(app_ur
     assert control["capacity"]["tokens_per_s"] > 0
     assert float(capacity[0].rsplit(" ", 1)[1]) > 0
     assert any(line.startswith("ray_peagle_spec_k_in_force") and 'replica="' in line for line in text.splitlines())
+    k_lines = [line for line in text.splitlines() if line.startswith("ray_peagle_spec_k_at_batch_size")]
+    assert any('table="decided"' in line and 'batch_size="1"' in line for line in k_lines), k_lines
+    assert any('table="in_force"' in line and f'batch_size="{engine.max_num_seqs}"' in line for line in k_lines)
+    # The same, for a person: /ready says what runs and why; /speculation has it all.
+    ready = httpx.get(f"{app_url}/ready", timeout=30).json()["speculation"]
+    assert ready["method"] == "peagle" and ready["k_in_force"] in (0, engine.spec.num_speculative_tokens)
+    assert ready["table"][0][0] == 1 and ready["reason"]
+    full = httpx.get(f"{app_url}/speculation", timeout=30).json()["controller"]
+    assert full["interval"] >= 1 and full["timeline"], full
+    t, running, k = full["timeline"][-1]
+    assert t > 0 and running >= 0 and k in (0, engine.spec.num_speculative_tokens)
+
+
+def test_replica_restarts_its_engine_without_the_drafter_and_back_while_online_requests_never_fail(app_url, client):
+    # Runs last in this module: it leaves the replica as it found it (speculating).
+    handle = serve.get_app_handle("peagle")
+    stop = threading.Event()
+    done, errors, lock = [], [], threading.Lock()
+
+    def online(i: int) -> None:
+        for n in range(40):  # bounded
+            if stop.is_set():
+                return
+            try:
+                r = client.completions.create(model="tiny", prompt=f"def r{i}_{n}(x):", max_tokens=12,
+                                              extra_body={"ignore_eos": True})
+                assert r.usage.completion_tokens == 12
+                with lock:
+                    done.append(r.id)
+            except Exception as exc:  # any failure is a finding, asserted below
+                with lock:
+                    errors.append(repr(exc))
+
+    threads = [threading.Thread(target=online, args=(i,), daemon=True) for i in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(600):  # bounded: until requests are flowing
+            if len(done) >= 4:
+                break
+            time.sleep(0.05)
+        off = handle.restart_engine.remote(False).result(timeout_s=300)
+        assert off["speculating"] is False and off["restart_s"] > 0
+        ready = httpx.get(f"{app_url}/ready", timeout=60).json()
+        assert ready["speculation"]["engine"] == "plain" and ready["speculation"]["k_in_force"] == 0
+        drafts = handle.stats.remote().result()["num_drafts"]
+        served = len(done)
+        for _ in range(600):  # bounded: the plain engine serves
+            if len(done) >= served + 4:
+                break
+            time.sleep(0.05)
+        assert handle.stats.remote().result()["num_drafts"] == drafts  # no drafter, no drafts
+        on = handle.restart_engine.remote(True).result(timeout_s=300)
+        assert on["speculating"] is True
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=180)
+    assert not errors, errors[:5]
+    assert len(done) >= 8
+    assert httpx.get(f"{app_url}/ready", timeout=60).json()["speculation"]["engine"] == "speculating"
+    client.completions.create(model="tiny", prompt="def again(x):", max_tokens=8)
+    assert handle.stats.remote().result()["num_drafts"] > drafts

@@ -1,0 +1,91 @@
+"""One engine restart at a time per Serve app, never below its healthy minimum.
+
+A replica's speculation controller restarts its engine without the drafter (or back with
+it) only with the lease (`actors.spec_control.LiveSpecController.lease`): while a replica
+restarts it serves nothing, so the lease goes to one replica at a time, and only when at
+least `min_healthy` other replicas are alive to carry the load meanwhile. Alive = reported
+within `stale_s`. A holder that stops reporting loses the lease after `stale_s`.
+
+- `LeaseBook`: the rule, on plain numbers with an injected clock (unit-tested).
+- `RestartLease`: the Ray actor that keeps one book per Serve app (named, no CPU).
+- `ReplicaLease`: what a replica's controller holds: async `acquire()` / `release()`,
+  plus `heartbeat()` from the replica's metrics loop.
+
+Why our own: Serve replaces replicas for code or config changes (rolling, one at a time),
+but has no call to restart one replica's engine in place with other engine arguments.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+STALE_S = 30.0
+
+
+class LeaseBook:
+    def __init__(self, stale_s: float = STALE_S, clock: Callable[[], float] = time.monotonic):
+        self.stale_s, self.clock = stale_s, clock
+        self.seen: dict[str, float] = {}
+        self.holder: str | None = None
+
+    def heartbeat(self, replica_id: str) -> None:
+        self.seen[replica_id] = self.clock()
+
+    def alive(self) -> set[str]:
+        now = self.clock()
+        return {r for r, t in self.seen.items() if now - t <= self.stale_s}
+
+    def acquire(self, replica_id: str, min_healthy: int) -> tuple[bool, str]:
+        """(granted, why). The asking replica counts as alive."""
+        self.heartbeat(replica_id)
+        alive = self.alive()
+        if self.holder is not None and self.holder != replica_id and self.holder in alive:
+            return False, f"replica {self.holder} is restarting its engine"
+        others = len(alive - {replica_id})
+        if others < min_healthy:
+            return False, f"{others} other replicas alive; {min_healthy} must keep serving during a restart"
+        self.holder = replica_id
+        return True, "granted"
+
+    def release(self, replica_id: str) -> None:
+        if self.holder == replica_id:
+            self.holder = None
+
+
+class RestartLease:
+    """Ray actor around a `LeaseBook` (one per Serve app: `ReplicaLease` names it)."""
+
+    def __init__(self, stale_s: float = STALE_S):
+        self.book = LeaseBook(stale_s)
+
+    def heartbeat(self, replica_id: str) -> None:
+        self.book.heartbeat(replica_id)
+
+    def acquire(self, replica_id: str, min_healthy: int) -> tuple[bool, str]:
+        return self.book.acquire(replica_id, min_healthy)
+
+    def release(self, replica_id: str) -> None:
+        self.book.release(replica_id)
+
+
+class ReplicaLease:
+    """A replica's handle on its app's lease. Creates the app's lease actor if missing."""
+
+    def __init__(self, app_name: str, replica_id: str, min_healthy: int):
+        import ray
+
+        self.replica_id, self.min_healthy = replica_id, min_healthy
+        self.last_answer = ""
+        self.actor = ray.remote(num_cpus=0)(RestartLease).options(
+            name=f"peagle-restart-lease:{app_name}", get_if_exists=True).remote()
+
+    def heartbeat(self) -> None:
+        self.actor.heartbeat.remote(self.replica_id)
+
+    async def acquire(self) -> bool:
+        granted, self.last_answer = await self.actor.acquire.remote(self.replica_id, self.min_healthy)
+        return granted
+
+    async def release(self) -> None:
+        await self.actor.release.remote(self.replica_id)

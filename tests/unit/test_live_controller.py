@@ -1,0 +1,272 @@
+"""The live controller loop (`actors.spec_control.LiveSpecController.step`), the code that
+runs inside every engine, replayed from stated measurements with an injected clock.
+
+The engine is a stand-in that records the tables put on it and answers with what an
+engine running them would measure: each interval, `num_steps` steps at the batch size
+the load sets and the K the table in force gives there, each step taking exactly what
+the calibration says (`cost.step_time_s`), drafts accepted at the workload's rates. So
+every decision below is a function of these numbers alone, never of this machine's
+speed. That the table the controller puts in force is the one the real engine then runs
+is shown on the real engine in tests/integration/test_spec_controller.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from actors.spec_control import TIMELINE_POINTS, LiveSpecController, startup_schedule
+from actors.spec_stats import StepWindow
+from configs import load_config
+from control.baselines import dense_from_schedule
+from control.calibration import load_calibration
+from control.model import plain_step_time_s
+
+pytestmark = pytest.mark.unit
+
+CAL = load_calibration("cpu-tiny.json")
+RESTART_S = 20.0
+CONTEXT_PER_REQ = 200.0
+OVERRIDES = [
+    "engine.max_num_seqs=16",
+    "engine.spec.controller.calibration=cpu-tiny",
+    "engine.spec.controller.acceptance_prior=[0.95, 0.9, 0.85, 0.8]",  # told: drafts pay
+]
+
+
+class Clock:
+    def __init__(self, interval_s: float):
+        self.now_s, self.interval_s = 1000.0, interval_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def tick(self) -> None:
+        self.now_s += self.interval_s
+
+
+class CalibratedEngine:
+    """Stands in for `actors.engine.Engine`: keeps the table put on it, and reports what
+    an engine running that table measures at the given load and acceptance."""
+
+    def __init__(self, cfg, acceptance: list[float], cal=CAL):
+        self.cfg, self.cal = cfg, cal
+        self.acceptance, self.max_num_seqs, self.max_k = acceptance, cfg.max_num_seqs, cfg.spec.num_speculative_tokens
+        self.speculating = True
+        self.startup_s = RESTART_S  # what the controller weighs a restart against
+        self.restarts: list[bool] = []
+        self.schedule: list[list[int]] | None = None
+        self.tables_set: list[list[list[int]]] = []
+        self.signals: dict = {}
+        self.step_window = StepWindow()
+        self.batch_size = 1
+
+    async def restart_engine(self, speculating: bool) -> float:
+        self.speculating = speculating
+        self.restarts.append(speculating)
+        if speculating:
+            self.schedule = [list(r) for r in self.cfg.spec.schedule]
+        return RESTART_S
+
+    async def set_spec_schedule(self, schedule):
+        assert self.speculating, "a table put on an engine without speculation"
+        self.schedule = [list(r) for r in schedule]
+        self.tables_set.append(self.schedule)
+        return {"schedule": self.schedule}
+
+    def measure(self, num_steps: int = 40) -> dict:
+        b = self.batch_size
+        k = dense_from_schedule(self.schedule, self.max_num_seqs, self.max_k)[b - 1] if self.speculating else 0
+        n = b * num_steps
+        self.signals.update(num_running_reqs=b, num_waiting_reqs=0, kv_cache_usage=0.05)
+        cost = self.cal.cost
+        step_s = (cost.step_time_s(b, k, CONTEXT_PER_REQ * b) if self.speculating
+                  else plain_step_time_s(cost, b, CONTEXT_PER_REQ * b))
+        return {
+            "drafts_per_pos": [n] * k,
+            "accepted_per_pos": [round(n * p) for p in self.acceptance[:k]],
+            "steps": [{"batch_size": b, "num_speculative_tokens": k, "num_steps": num_steps,
+                       "mean_step_time_s": step_s,
+                       "mean_prefill_tokens": 0.0, "mean_context_tokens_per_req": CONTEXT_PER_REQ}],
+            "num_steps_by_k": {k: num_steps},
+        }
+
+
+def controlled(acceptance: list[float], overrides=("engine.spec.controller.replacement.enabled=false",), cal=CAL):
+    cfg = load_config("tiny", OVERRIDES + list(overrides)).engine
+    cfg.spec.schedule = startup_schedule(cfg)  # as the engine does at start-up
+    engine = CalibratedEngine(cfg, acceptance, cal)
+    clock = Clock(cfg.spec.controller.interval_s)
+    ctl = LiveSpecController(engine, cfg, CAL.kv_capacity_tokens, measure=engine.measure, clock=clock)
+    engine.schedule = ctl.in_force  # what the engine started with
+    return ctl, engine, clock
+
+
+def run(ctl, engine, clock, loads: list[int], on_engine: list | None = None) -> list[list[list[int]]]:
+    """One interval per entry of `loads` (running requests then); the decided table after
+    each (and in `on_engine` the table the engine then ran)."""
+    tables = []
+    for b in loads:
+        engine.batch_size = b
+        clock.tick()
+        asyncio.run(ctl.step())
+        tables.append(ctl.state()["table"])
+        if on_engine is not None:
+            on_engine.append(engine.schedule)
+    return tables
+
+
+def all_off(table) -> bool:
+    return all(k == 0 for _, _, k in table)
+
+
+def test_drafts_never_accepted_turn_drafting_off_everywhere_with_reasons_and_advice():
+    ctl, engine, clock = controlled([0.02, 0.0, 0.0, 0.0])
+    assert ctl.state()["k_in_force"] == 4  # the prior says drafts pay
+    on_engine: list = []
+    tables = run(ctl, engine, clock, [4] * 5 + [1] * 40, on_engine)
+    state = ctl.state()
+    assert all_off(tables[-1]) and state["table"] == [[1, 16, 0]]
+    # Put on the engine, not only decided: from then on the engine runs it, but for
+    # one-interval probes of deeper positions (each logged, within the probe budget).
+    first_off = next(i for i, t in enumerate(tables) if all_off(t))
+    after = on_engine[first_off:]
+    assert after[0] == [[1, 16, 0]] and after.count([[1, 16, 0]]) >= 0.8 * len(after)
+    assert engine.schedule == state["schedule"]
+    probes = [c for c in state["recent_probes"] if c["kind"] == "probe"]
+    assert len(probes) >= len(after) - after.count([[1, 16, 0]]) - 1
+    assert state["acceptance_per_pos"][0] < 0.1  # learned from what the engine measured
+    assert state["recent_changes"][-1]["to"] == [[1, 16, 0]]
+    for change in state["recent_changes"]:
+        assert change["kind"] == "table" and "measured acceptance" in change["reason"]
+    # Off by table is not off: the operator is told, with how long it has been so.
+    seconds_off = (len(tables) - 1 - first_off) * clock.interval_s
+    assert f"for {seconds_off:.0f} s" in state["advice"] and "without speculation" in state["advice"]
+
+
+def test_drafts_accepted_as_expected_keep_drafting_at_small_batches():
+    ctl, engine, clock = controlled([0.95, 0.9, 0.85, 0.8])
+    tables = run(ctl, engine, clock, [1, 2, 4] * 15)
+    for table in tables:
+        assert dense_from_schedule(table, 16, 4)[0] == 4  # K=4 at batch size 1 throughout
+    assert ctl.state()["advice"] is None
+    # Probes (one interval at K=0 to measure the base step) come back to the table.
+    assert engine.schedule == ctl.state()["table"] or ctl.state()["probe"]
+
+
+def test_same_measurements_same_decisions():
+    loads = [1, 1, 8, 8, 16, 2, 1] * 6
+    runs = []
+    for _ in range(2):
+        ctl, engine, clock = controlled([0.4, 0.2, 0.1, 0.05])
+        run(ctl, engine, clock, loads)
+        runs.append((engine.tables_set, ctl.state()["table"], ctl.state()["recent_changes"], ctl.timeline))
+    assert runs[0] == runs[1]
+
+
+def test_peagle_tables_use_only_k_the_engine_can_run():
+    ctl, engine, clock = controlled([0.5, 0.3, 0.2, 0.1])
+    run(ctl, engine, clock, [1, 3, 6, 12, 16] * 10)
+    for table in engine.tables_set:  # P-EAGLE on vLLM 0.32: K is 0 or the start-up K
+        assert {k for _, _, k in table} <= {0, 4}
+
+
+def test_timeline_covers_the_whole_run_and_stays_bounded():
+    ctl, engine, clock = controlled([0.02, 0.0, 0.0, 0.0])
+    loads = [1 + (i // 40) % 16 for i in range(3 * TIMELINE_POINTS + 7)]
+    run(ctl, engine, clock, loads)
+    timeline = ctl.state()["timeline"]
+    assert len(timeline) < TIMELINE_POINTS
+    times = [t for t, _, _, _ in timeline]
+    assert times == sorted(times) and times[0] == clock.interval_s
+    assert times[-1] >= (len(loads) - 4) * clock.interval_s  # reaches the end of the run
+    assert {b for _, b, _, _ in timeline} >= {1, 8, 16}
+    assert timeline[0][2] == 4 and timeline[-1][2] == 0  # K in force: drafting, then off
+
+
+def test_timeline_plot_is_a_png_per_engine_and_absent_without_a_controller():
+    from jobs.speculation_plot import timeline_png
+
+    ctl, engine, clock = controlled([0.02, 0.0, 0.0, 0.0])
+    run(ctl, engine, clock, [4] * 5 + [1] * 20)
+    png = timeline_png({"engine-a": ctl.state(), "engine-b": ctl.state()})
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert timeline_png({}) is None and timeline_png({"fixed-k": {"timeline": []}}) is None
+
+
+# -- drafting off by replacement ------------------------------------------------------------
+
+MIXED = [0.35, 0.15, 0.07, 0.03]  # drafting pays at batch size 1, not at 16
+
+
+@pytest.fixture()
+def drafter_costs(tmp_path):
+    """cpu-tiny with a drafter whose K=0 pass costs 1 ms + 0.25 ms per request (what a plain
+    engine saves), as a calibration file the controller loads by path."""
+    import dataclasses
+
+    from control.calibration import save_calibration
+
+    cal = dataclasses.replace(CAL, cost=dataclasses.replace(CAL.cost, k0_draft_fixed_s=0.001,
+                                                            k0_draft_per_req_s=0.00025))
+    path = tmp_path / "with-drafter-cost.json"
+    save_calibration(cal, path)
+    return cal, [f"engine.spec.controller.calibration={path}"]
+
+
+def run_until(ctl, engine, clock, batch_size, done, max_intervals):
+    """Intervals at one batch size until `done()`; how many it took (None: never)."""
+    for i in range(max_intervals):
+        run(ctl, engine, clock, [batch_size])
+        if done():
+            return i + 1
+    return None
+
+
+def test_heavy_load_restarts_without_the_drafter_and_light_load_brings_it_back(drafter_costs):
+    cal, overrides = drafter_costs
+    ctl, engine, clock = controlled(MIXED, overrides, cal)
+    # Sixteen at a time: drafting turns off there, then the engine sheds its drafter once
+    # the saving over the load so far beats twice the (measured) restart.
+    n_off = run_until(ctl, engine, clock, 16, lambda: engine.restarts == [False], 300)
+    assert n_off is not None, ctl.state()["replacement"]
+    state = ctl.state()
+    assert state["engine"] == "plain" and state["schedule"] is None and state["k_in_force"] == 0
+    restart = state["recent_restarts"][-1]
+    assert restart["speculating"] is False and "restart without speculation" in restart["reason"]
+    assert restart["restart_s"] == RESTART_S and state["switch_cost_s"] == RESTART_S
+    # One at a time: drafting pays again, and the engine gets its drafter back.
+    n_on = run_until(ctl, engine, clock, 1, lambda: engine.restarts == [False, True], 400)
+    assert n_on is not None, ctl.state()["replacement"]
+    assert n_on > ctl.replacement_config.dwell_intervals
+    state = ctl.state()
+    assert state["engine"] == "speculating" and "restart with speculation" in state["recent_restarts"][-1]["reason"]
+    run_until(ctl, engine, clock, 1, lambda: False, 3)
+    assert ctl.state()["k_in_force"] == 4 and engine.schedule == ctl.state()["schedule"]
+    marks = [spec for _, _, _, spec in ctl.state()["timeline"]]
+    assert marks[0] == 1 and 0 in marks and marks[-1] == 1
+
+
+def test_a_short_burst_does_not_restart_and_a_disabled_replacement_never_does(drafter_costs):
+    cal, overrides = drafter_costs
+    ctl, engine, clock = controlled(MIXED, overrides, cal)
+    for _ in range(5):  # bursts of 30 intervals at 16, each followed by a lull
+        run_until(ctl, engine, clock, 16, lambda: False, 30)
+        run_until(ctl, engine, clock, 1, lambda: False, 3)
+    assert engine.restarts == []
+    ctl, engine, clock = controlled(MIXED, overrides + ["engine.spec.controller.replacement.enabled=false"], cal)
+    run_until(ctl, engine, clock, 16, lambda: False, 300)
+    assert engine.restarts == [] and ctl.state()["replacement"] == "disabled"
+
+
+def test_timeline_plot_shades_the_spell_without_the_drafter(drafter_costs, tmp_path):
+    from jobs.speculation_plot import timeline_png
+
+    cal, overrides = drafter_costs
+    ctl, engine, clock = controlled(MIXED, overrides, cal)
+    run_until(ctl, engine, clock, 16, lambda: engine.restarts == [False], 300)
+    run_until(ctl, engine, clock, 16, lambda: False, 10)
+    png = timeline_png({"engine-a": ctl.state()})
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "t.png").write_bytes(png)
