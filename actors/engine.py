@@ -158,6 +158,10 @@ class Engine:
 
     # -- admission and restart -----------------------------------------------------------
 
+    @property
+    def restarting(self) -> bool:
+        return not self._admitted.is_set()
+
     @contextlib.asynccontextmanager
     async def admitted(self):
         """Every request runs inside this: it waits while the engine restarts, and a

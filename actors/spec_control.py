@@ -156,6 +156,7 @@ class LiveSpecController:
         self.switch_cost_s = float(getattr(engine, "startup_s", 0.0))  # measured at every (re)start
         self.plain_factor = 1.0  # plain engine's measured steps / predicted; 1 until measured
         self.recent_batch_sizes: deque[int] = deque(maxlen=r.dwell_intervals)  # the load lately
+        self._restarts_seen = getattr(engine, "num_restarts", 0)
         self._plain_sums = [0.0, 0.0]  # measured, predicted seconds (decayed)
         # Permission from the pool to restart (one host at a time, never below the healthy
         # minimum): an object with async acquire() -> bool and release(); None allows.
@@ -185,6 +186,9 @@ class LiveSpecController:
         (maybe) a restart of the engine without its drafter or back with it."""
         from control.policy import decide
 
+        if getattr(self.engine, "restarting", False):
+            return  # an operator's restart is under way: no table to put in force meanwhile
+        self._resync_after_restart()
         window = self.measure()
         speculating = self.engine.speculating
         if not speculating:  # a plain engine: its steps say nothing of drafts or the drafter's cost
@@ -221,6 +225,17 @@ class LiveSpecController:
             log.info("K table %s -> %s: %s", old, self.in_force, decision.reason)
         await self._consider_restart(signals, decision)
         self._record_timeline(signals.num_running_reqs)
+
+    def _resync_after_restart(self) -> None:
+        """After a restart this controller did not make (an operator's), the engine runs
+        its start-up table again (or none): take that as the table in force."""
+        restarts = getattr(self.engine, "num_restarts", 0)
+        if restarts != self._restarts_seen:
+            self._restarts_seen = restarts
+            self.replacement_state = replace(self.replacement_state, speculating=self.engine.speculating,
+                                             wanted_intervals=0, intervals_since_switch=0)
+            if self.engine.speculating:
+                self.in_force = [list(r) for r in self.engine.cfg.spec.schedule]
 
     def _observe_plain_steps(self, window: Window) -> None:
         """The plain engine's step times against the model's prediction for them."""
@@ -263,7 +278,8 @@ class LiveSpecController:
             self.replacement_state = after
             return
         if self.lease is not None and not await self.lease.acquire():
-            self.replacement_reason = f"restart waits for the pool (another host restarting, or at its minimum): {verdict.reason}"
+            self.replacement_reason = (f"restart waits for the pool ({getattr(self.lease, 'last_answer', '')}): "
+                                       f"{verdict.reason}")
             self.replacement_state = replace(after, speculating=before.speculating,
                                              wanted_intervals=before.wanted_intervals + 1,
                                              intervals_since_switch=before.intervals_since_switch + 1)
@@ -276,6 +292,7 @@ class LiveSpecController:
                 await self.lease.release()
         self.switch_cost_s = seconds
         self.replacement_state = after
+        self._restarts_seen = getattr(self.engine, "num_restarts", self._restarts_seen + 1)
         if verdict.speculating:  # the drafter is back, with the table it starts with
             self.in_force = [list(r) for r in self.engine.cfg.spec.schedule]
         self.restarts.append({"at_s": round(self.clock(), 3), "interval": self.state_.interval,

@@ -357,7 +357,7 @@ def measure_plain(cfg: AppConfig, args) -> list:
     out = []
     for p in points:
         with_drafter, without = summarize(p, runs[(p.batch_size, "spec")]), summarize(p, runs[(p.batch_size, "plain")])
-        print(f"B={p.batch_size:3d} K=0: {with_drafter.step_time_s * 1e3:6.2f} ms with the drafter, "
+        print(f"side by side at B={p.batch_size:3d}, K=0: {with_drafter.step_time_s * 1e3:6.2f} ms with the drafter, "
               f"{without.step_time_s * 1e3:6.2f} ms without", flush=True)
         out.append((replace(without, drafting="none"), with_drafter))
     return out

@@ -70,22 +70,48 @@ class RestartLease:
 
 
 class ReplicaLease:
-    """A replica's handle on its app's lease. Creates the app's lease actor if missing."""
+    """A replica's handle on its app's lease. Creates the app's lease actor if missing, and
+    again if it died with the replica that created it (it is owned by that replica)."""
 
     def __init__(self, app_name: str, replica_id: str, min_healthy: int):
+        self.name, self.replica_id, self.min_healthy = f"peagle-restart-lease:{app_name}", replica_id, min_healthy
+        self.last_answer = ""
+        self._last = None  # the previous heartbeat's result
+        self.actor = self._get_or_create()
+
+    def _get_or_create(self):
         import ray
 
-        self.replica_id, self.min_healthy = replica_id, min_healthy
-        self.last_answer = ""
-        self.actor = ray.remote(num_cpus=0)(RestartLease).options(
-            name=f"peagle-restart-lease:{app_name}", get_if_exists=True).remote()
+        return ray.remote(num_cpus=0)(RestartLease).options(name=self.name, get_if_exists=True).remote()
 
     def heartbeat(self) -> None:
-        self.actor.heartbeat.remote(self.replica_id)
+        """Report alive (fire and forget); a failed previous report means the lease actor
+        died with its owner, so a new one is made."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        if self._last is not None and ray.wait([self._last], timeout=0)[0]:
+            try:
+                ray.get(self._last)
+            except RayActorError:
+                self.actor = self._get_or_create()
+        self._last = self.actor.heartbeat.remote(self.replica_id)
 
     async def acquire(self) -> bool:
-        granted, self.last_answer = await self.actor.acquire.remote(self.replica_id, self.min_healthy)
+        from ray.exceptions import RayActorError
+
+        try:
+            granted, self.last_answer = await self.actor.acquire.remote(self.replica_id, self.min_healthy)
+        except RayActorError:  # its owner replica is gone: a new book (others report within stale_s)
+            self.actor = self._get_or_create()
+            granted, self.last_answer = False, "lease actor restarted; waiting for replicas to report"
+            self.heartbeat()
         return granted
 
     async def release(self) -> None:
-        await self.actor.release.remote(self.replica_id)
+        from ray.exceptions import RayActorError
+
+        try:
+            await self.actor.release.remote(self.replica_id)
+        except RayActorError:
+            self.actor = self._get_or_create()

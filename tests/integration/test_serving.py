@@ -185,8 +185,8 @@ def test_replica_controller_state_and_capacity_reach_stats_and_prometheus(app_ur
     assert ready["table"][0][0] == 1 and ready["reason"]
     full = httpx.get(f"{app_url}/speculation", timeout=30).json()["controller"]
     assert full["interval"] >= 1 and full["timeline"], full
-    t, running, k = full["timeline"][-1]
-    assert t > 0 and running >= 0 and k in (0, engine.spec.num_speculative_tokens)
+    t, running, k, speculating = full["timeline"][-1]
+    assert t > 0 and running >= 0 and k in (0, engine.spec.num_speculative_tokens) and speculating == 1
 
 
 def test_replica_restarts_its_engine_without_the_drafter_and_back_while_online_requests_never_fail(app_url, client):
