@@ -31,6 +31,7 @@ CONTROLLED = [
     "engine.spec.controller.calibration=cpu-tiny",
     "engine.spec.controller.interval_s=3600",  # the test runs each interval itself
     "engine.spec.controller.acceptance_prior=[0.95, 0.9, 0.85, 0.8]",
+    "engine.spec.controller.replacement.enabled=false",  # tables only: restarts in test_engine_restart.py
 ]
 MAX_ROUNDS = 60
 
