@@ -80,15 +80,17 @@ def _status_line(committer, started: float) -> str:
 
 def controller_summary(per_engine: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """What the speculation controllers did, per engine: the decided table, what was in
-    force at the end (the table, or a one-interval probe) and its K, how many times the
-    table on the engine changed, how many intervals were probes, the latest decided
-    changes with their reasons, and any advice to the operator."""
+    force at the end (the table, or a one-interval probe; none on an engine restarted
+    without speculation) and its K, how many times the table on the engine changed, how
+    many intervals were probes, the latest decided changes and restarts with their
+    reasons, the restart rule's latest verdict, and any advice to the operator."""
     if not per_engine:
         return None
-    return {key: {"k_in_force": c["k_in_force"], "table": c.get("table"), "schedule": c["schedule"],
-                  "changes": c["changes"], "probes": c.get("probes"), "reason": c["reason"],
-                  "recent_changes": c["recent_changes"][-5:],
-                  "capacity": c.get("capacity"), "advice": c.get("advice")}
+    return {key: {"engine": c.get("engine"), "k_in_force": c["k_in_force"], "table": c.get("table"),
+                  "schedule": c["schedule"], "changes": c["changes"], "probes": c.get("probes"),
+                  "reason": c["reason"], "recent_changes": c["recent_changes"][-5:],
+                  "restarts": c.get("restarts", 0), "recent_restarts": c.get("recent_restarts", [])[-5:],
+                  "replacement": c.get("replacement"), "capacity": c.get("capacity"), "advice": c.get("advice")}
             for key, c in per_engine.items()}
 
 

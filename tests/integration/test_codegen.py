@@ -81,6 +81,7 @@ def test_summary_reports_what_the_speculation_controller_did(s3, bucket, ray_loc
         assert c["k_in_force"] in (0, 4) and c["schedule"][0][0] == 1 and c["reason"]
         assert c["capacity"]["tokens_per_s"] > 0
         assert all(ch["reason"] for ch in c["recent_changes"])
+        assert c["engine"] == "speculating" and c["restarts"] == 0 and c["replacement"] == "disabled"
     # K and load over the job, as a picture next to the summary.
     assert stored["speculation"]["timeline_plot"].endswith("/ctl/out/_speculation.png")
     assert s3.filesystem().cat_file(f"{bucket}/ctl/out/_speculation.png")[:8] == b"\x89PNG\r\n\x1a\n"
