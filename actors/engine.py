@@ -191,7 +191,9 @@ class Engine:
             from configs.schema import SpecConfig
 
             cfg = self.cfg if speculating else self.cfg.model_copy(update={"spec": SpecConfig()})
-            self._llm.shutdown()
+            # Both off the event loop: stopping and starting an engine take seconds, and the
+            # loop keeps answering health checks and holding the waiting requests meanwhile.
+            await asyncio.to_thread(self._llm.shutdown)
             await asyncio.to_thread(self._start_llm, to_vllm_kwargs(cfg))
             self.speculating = speculating
             self.num_restarts += 1
@@ -336,7 +338,10 @@ class Engine:
             raise ValueError(f"K={bad} cannot run on this engine (spec.method={self.cfg.spec.method!r}, "
                              f"num_speculative_tokens={max_k}); allowed K values are {allowed} "
                              "(why: configs.vllm_args.live_k_values)")
-        applied = await self._llm.engine_core.call_utility_async(METHOD, table)
+        async with self.admitted():  # a restart waits for the call (the core answers before it stops)
+            if not self.speculating:  # restarted plain while this call waited
+                raise ValueError("engine runs spec.method='none (restarted without speculation)': there is no K to change")
+            applied = await self._llm.engine_core.call_utility_async(METHOD, table)
         self.step_window.skip_next_gap()  # that gap holds the change itself
         return applied
 
@@ -353,7 +358,10 @@ class Engine:
         """The batch-size -> K table in force."""
         from actors.live_schedule import GET_METHOD
 
-        return await self._llm.engine_core.call_utility_async(GET_METHOD)
+        async with self.admitted():
+            if not self.speculating:
+                raise ValueError("engine runs without speculation (restarted plain): there is no K table")
+            return await self._llm.engine_core.call_utility_async(GET_METHOD)
 
     async def check_health(self) -> None:
         """Raises if the engine loop has died. A restart in progress is healthy (it is

@@ -38,6 +38,12 @@ for var, sub in {
 os.environ["VLLM_NO_USAGE_STATS"] = "1"
 os.environ["VLLM_DO_NOT_TRACK"] = "1"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+# Serve kills a proxy that is not ready within 5 s (health check 10 s); starting a Python
+# worker on a loaded 2-core machine takes longer, and `serve.start` then fails on a killed
+# proxy. These are bounds on a start-up, not speeds; a deployment on real nodes keeps
+# Serve's defaults.
+os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
 
 
 @pytest.fixture(scope="session")

@@ -189,15 +189,27 @@ def test_replica_controller_state_and_capacity_reach_stats_and_prometheus(app_ur
     assert t > 0 and running >= 0 and k in (0, engine.spec.num_speculative_tokens) and speculating == 1
 
 
+def wait_for(condition, what: str, errors: list, limit_s: float = 240.0) -> None:
+    """Poll until `condition()` holds; fail naming `what` (and the client errors seen) after
+    `limit_s` (a bound, not a speed)."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not seen within {limit_s:.0f} s: {what}; client errors: {errors[:5]}")
+        time.sleep(0.1)
+
+
 def test_replica_restarts_its_engine_without_the_drafter_and_back_while_online_requests_never_fail(app_url, client):
     # Runs last in this module: it leaves the replica as it found it (speculating).
     handle = serve.get_app_handle("peagle")
     stop = threading.Event()
     done, errors, lock = [], [], threading.Lock()
 
+    deadline = time.monotonic() + 900
+
     def online(i: int) -> None:
-        for n in range(40):  # bounded
-            if stop.is_set():
+        for n in range(2000):  # until stopped; bounded in count and time
+            if stop.is_set() or time.monotonic() > deadline:
                 return
             try:
                 r = client.completions.create(model="tiny", prompt=f"def r{i}_{n}(x):", max_tokens=12,
@@ -213,20 +225,14 @@ def test_replica_restarts_its_engine_without_the_drafter_and_back_while_online_r
     for t in threads:
         t.start()
     try:
-        for _ in range(600):  # bounded: until requests are flowing
-            if len(done) >= 4:
-                break
-            time.sleep(0.05)
+        wait_for(lambda: len(done) >= 4, "online requests flowing", errors)
         off = handle.restart_engine.remote(False).result(timeout_s=300)
         assert off["speculating"] is False and off["restart_s"] > 0
         ready = httpx.get(f"{app_url}/ready", timeout=60).json()
         assert ready["speculation"]["engine"] == "plain" and ready["speculation"]["k_in_force"] == 0
         drafts = handle.stats.remote().result()["num_drafts"]
         served = len(done)
-        for _ in range(600):  # bounded: the plain engine serves
-            if len(done) >= served + 4:
-                break
-            time.sleep(0.05)
+        wait_for(lambda: len(done) >= served + 4, "the plain engine serving", errors)
         assert handle.stats.remote().result()["num_drafts"] == drafts  # no drafter, no drafts
         on = handle.restart_engine.remote(True).result(timeout_s=300)
         assert on["speculating"] is True
@@ -235,7 +241,9 @@ def test_replica_restarts_its_engine_without_the_drafter_and_back_while_online_r
         for t in threads:
             t.join(timeout=180)
     assert not errors, errors[:5]
-    assert len(done) >= 8
-    assert httpx.get(f"{app_url}/ready", timeout=60).json()["speculation"]["engine"] == "speculating"
+    # Back with its drafter and a K table on the engine core again (that drafting then
+    # resumes is shown on the engine alone, in test_engine_restart.py, where no controller
+    # decision can turn it off meanwhile).
+    back = httpx.get(f"{app_url}/speculation", timeout=60).json()["controller"]
+    assert back["engine"] == "speculating" and back["schedule"][0][0] == 1
     client.completions.create(model="tiny", prompt="def again(x):", max_tokens=8)
-    assert handle.stats.remote().result()["num_drafts"] > drafts
