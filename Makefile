@@ -38,7 +38,7 @@ bench: install
 	$(PY) -m benchmarks.run_all
 
 # Step time vs batch size and K of the tiny preset on THIS machine, fitted into the
-# speculation controller's calibration (1-6 minutes, longer under load); see README "Calibration".
+# speculation controller's calibration (2-3 minutes with the plain-engine side, longer under load); see README "Calibration".
 calibrate: install
 	$(PY) -m jobs.profile_steps --config tiny --out configs/calibration/cpu-tiny.json \
 		--plot out/calibrate/cpu-tiny.png

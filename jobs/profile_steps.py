@@ -365,7 +365,7 @@ def measure_plain(cfg: AppConfig, args) -> list:
 
 def with_plain(cal, pairs):
     """The calibration with the drafter's K=0 cost fitted from (plain, speculating at K=0)
-    measurement pairs; the plain ones are kept in the file."""
+    measurement pairs; both sides are kept in the file (`plain_measurements`)."""
     from control.calibration import fit_k0_draft_cost
 
     if not pairs:
