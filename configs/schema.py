@@ -69,7 +69,8 @@ class SpecControllerConfig(StrictModel):
         2, ge=1, description="Intervals in a row a change must be wanted before it is made."
     )
     probe_budget: float = Field(
-        0.01, gt=0, lt=1, description="Most goodput that probing deeper positions may cost."
+        0.005, gt=0, lt=1, description="Most goodput that probing (deeper positions, and K=0 "
+        "per batch-size bucket) may cost, as a fraction.",
     )
     replacement: ReplacementSettings = Field(
         default_factory=ReplacementSettings,

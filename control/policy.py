@@ -41,7 +41,9 @@ import numpy as np
 from control.acceptance import NEVER_OBSERVED, AcceptanceEstimate, prior_estimate, update_estimate
 from control.capacity import ReplicaCapacity, replica_capacity, target_replicas
 from control.model import StepCostModel, max_batch_size, step_time_grid_s, tokens_per_step
-from control.step_time import batch_size_bucket, num_batch_size_buckets, update_step_time_scale
+from control.step_time import (
+    batch_size_bucket, corrected_step_time_s, num_batch_size_buckets, update_step_time_scale,
+)
 
 Schedule = tuple[tuple[int, int, int], ...]
 
@@ -91,7 +93,10 @@ class ControllerConfig:
     switch_dwell_intervals: int = 2  # intervals in a row that must want a change before it is made
     max_acceptance_age_intervals: int = 30  # older estimates are stale and get probed
     probe_depth_tokens: int = 4  # a probe drafts this many positions past the K in force
-    probe_budget: float = 0.01  # most pool goodput probing may cost, as a fraction
+    # Most pool goodput probing may cost, as a fraction. Small on purpose: on the B200
+    # calibration the most any policy gains over the best fixed K is 3-8% per trace
+    # (benchmarks.controller_sim), so 1% spent exploring was a quarter of the gain.
+    probe_budget: float = 0.005
     step_time_halflife_steps: float = 2000.0  # forgetting of the step-time correction
     # A batch-size bucket's own correction counts as this many steps against the pool-wide
     # one: a few intervals of measurements there and the bucket goes by its own.
@@ -320,7 +325,7 @@ def _goodput(config: ControllerConfig, est: AcceptanceEstimate, scale_by_b: np.n
     kmax = config.max_num_speculative_tokens
     b = np.arange(1, config.max_num_seqs + 1, dtype=float)
     raw = step_time_grid_s(config.cost, b, kmax, ctx)
-    step_s = scale_by_b[:, :1] * raw[:, :1] + scale_by_b[:, 1:2] * (raw - raw[:, :1])
+    step_s = corrected_step_time_s(raw[:, :1], raw, scale_by_b[:, :1], scale_by_b[:, 1:2])
     tau = np.array([tokens_per_step(est.acceptance_per_pos, k) for k in range(kmax + 1)])
     goodput = b[:, None] * tau[None, :] / step_s
     if config.allowed_k is not None:  # a K the engine cannot run is never chosen

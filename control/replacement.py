@@ -116,9 +116,10 @@ def times_per_token_s(
     `scale` = the controller's (base, speculation) step-time corrections, `plain_factor` =
     the plain engine's measured steps over their prediction (1 until measured)."""
     from control.model import plain_step_time_s, tokens_per_step
+    from control.step_time import corrected_step_time_s
 
     ctx = context_tokens_per_req * batch_size
     base = cost.step_time_s(batch_size, 0, ctx)
-    spec_step = scale[0] * base + scale[1] * (cost.step_time_s(batch_size, k, ctx) - base)
+    spec_step = corrected_step_time_s(base, cost.step_time_s(batch_size, k, ctx), *scale)
     plain_step = scale[0] * plain_factor * plain_step_time_s(cost, batch_size, ctx)
     return spec_step / (batch_size * tokens_per_step(acceptance_per_pos, k)), plain_step / batch_size

@@ -36,6 +36,13 @@ NUM_SUMS = 7
 MIN_FACTOR, MAX_FACTOR = 0.2, 5.0
 
 
+def corrected_step_time_s(base_s, full_s, base_factor, speculation_factor):
+    """The calibration's step time corrected by measured factors: `base_factor` (s0) on
+    the base step (K=0), `speculation_factor` (s1) on what drafting adds to it. Scalars
+    or numpy arrays that broadcast."""
+    return base_factor * base_s + speculation_factor * (full_s - base_s)
+
+
 def num_batch_size_buckets(max_num_seqs: int) -> int:
     return batch_size_bucket(max_num_seqs) + 1
 

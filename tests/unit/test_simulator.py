@@ -7,8 +7,8 @@ from control.baselines import FixedK, StaticTable, dense_from_schedule
 from control.calibration import MT_BENCH_ACCEPTANCE, load_calibration
 from control.model import geometric_acceptance, goodput_tokens_per_s, tokens_per_step
 from control.scenarios import (
-    SWEEP_CONCURRENCY, best_fixed, chat_workload, code_workload, day_night_trace,
-    load_trace, model_ceiling, policy_lineup, run_sweep, run_trace, worst_case_ceiling,
+    SWEEP_CONCURRENCY, best_fixed, chat_workload, code_workload, day_night_trace, load_trace,
+    model_ceiling, phase_oracle, policy_lineup, run_sweep, run_trace, worst_case_trace,
 )
 from control.simulator import Phase, PoolConfig, Workload, simulate
 
@@ -97,26 +97,43 @@ def test_static_table_is_the_best_k_per_batch_under_its_prior():
 
 @pytest.mark.slow
 def test_controller_meets_the_issue_criteria_where_the_model_allows():
-    """Criteria: >= 0.97x the best fixed K at every concurrency; >= 1.10x the best single
-    fixed K over a varying-load trace. The second is checked against the model ceiling:
-    under the B200 calibration no policy can reach 1.10x on a single-workload trace."""
+    """Criteria: >= 0.98x the best fixed K at every concurrency; >= 85% of the oracle's
+    gain (best fixed K per phase) over the best single fixed K on a varying trace."""
     policies = policy_lineup(B200)
     sweep = run_sweep(B200, CODE, policies, SWEEP_CONCURRENCY, duration_s=10.0, warmup_s=2.0)
     for c in SWEEP_CONCURRENCY:
         _, best = best_fixed({p: v[c] for p, v in sweep.items()})
-        assert sweep["controller"][c] >= 0.97 * best, (c, sweep["controller"][c], best)
+        assert sweep["controller"][c] >= 0.98 * best, (c, sweep["controller"][c], best)
 
     # Load only: the controller beats every fixed K and keeps most of the possible gain.
     phases = load_trace(CODE, 8.0)
     res = {p: r.tokens_per_s for p, r in run_trace(B200, phases, policies).items()}
-    _, best = best_fixed(res)
-    ceiling = model_ceiling(B200, phases)
-    assert res["controller"] >= best * (1 + 0.5 * (ceiling - 1))
-    assert worst_case_ceiling(B200, [CODE]) < 1.10  # the 1.10x target is out of reach here
+    oracle = phase_oracle(B200, phases)
+    assert oracle.tokens_per_s > oracle.best_fixed_tokens_per_s  # there is something to win
+    assert oracle.share_of_gain(res["controller"]) >= 0.85, (res["controller"], oracle)
 
     # Load + workload shift: the gain grows with what fixed K leaves on the table.
     phases = day_night_trace(CODE, CHAT, 8.0)
     res = {p: r.tokens_per_s for p, r in run_trace(B200, phases, policies).items()}
-    _, best = best_fixed(res)
-    assert res["controller"] >= 1.05 * best
+    oracle = phase_oracle(B200, phases)
+    assert oracle.share_of_gain(res["controller"]) >= 0.85, (res["controller"], oracle)
     assert res["controller"] >= res["vLLM static table"]
+
+
+def test_oracle_picks_the_best_k_per_phase_on_other_seeds():
+    """Deep drafting at one request, shallow at many: the oracle switches, and its share
+    arithmetic reads as 'what a policy kept of what there was to win'."""
+    phases = [Phase(10.0, 1, CODE), Phase(10.0, 256, CODE)]
+    oracle = phase_oracle(B200, phases)
+    assert oracle.best_k_by_phase[0] > oracle.best_k_by_phase[1]
+    assert oracle.tokens_per_s > oracle.best_fixed_tokens_per_s
+    assert oracle.share_of_gain(oracle.best_fixed_tokens_per_s) == 0.0
+    assert oracle.share_of_gain(oracle.tokens_per_s) == pytest.approx(1.0)
+
+
+def test_worst_case_trace_is_the_worst_mix_played_in_phases():
+    phases = worst_case_trace(B200, [CODE, CHAT], total_s=100.0)
+    assert sum(p.duration_s for p in phases) == pytest.approx(100.0)
+    assert {p.workload.name for p in phases} <= {"code", "chat"}
+    assert len({p.concurrency for p in phases}) >= 2  # a mix, not one steady load
+    assert model_ceiling(B200, phases) > 1.05  # the model sees something to win on it
