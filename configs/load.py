@@ -53,8 +53,23 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+# Which `engine.spec` fields each method uses; switching method by override drops the
+# file's fields the new method does not use (the override's own are kept, and checked).
+SPEC_FIELDS_BY_METHOD = {
+    "none": {"method"},
+    "ngram": {"method", "num_speculative_tokens", "schedule", "synthetic_acceptance_rates", "controller",
+              "ngram_min", "ngram_max"},
+    "peagle": {"method", "head", "num_speculative_tokens", "schedule", "synthetic_acceptance_rates", "controller"},
+    "eagle3": {"method", "head", "num_speculative_tokens", "schedule", "synthetic_acceptance_rates", "controller"},
+}
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], notes: list[str] | None = None) -> dict[str, Any]:
+    """The file's data with the overrides applied in order. An override of
+    `engine.spec.method` also drops the file's spec fields the new method does not use
+    (`engine.spec.method=none` alone turns speculation off); each drop is added to `notes`."""
     out = copy.deepcopy(data)
+    overridden = {tuple(parse_override(t)[0]) for t in overrides}
     for text in overrides:
         path, value = parse_override(text)
         node = out
@@ -66,7 +81,19 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 raise ConfigError(f"override {text!r}: {part!r} is not a section")
             node = child
         node[path[-1]] = value
+        if path == ["engine", "spec", "method"] and value in SPEC_FIELDS_BY_METHOD:
+            _drop_unused_spec_fields(node, value, overridden, notes)
     return out
+
+
+def _drop_unused_spec_fields(spec: dict[str, Any], method: str, overridden: set, notes: list[str] | None) -> None:
+    for name in sorted(set(spec) - SPEC_FIELDS_BY_METHOD[method]):
+        if ("engine", "spec", name) in overridden:
+            continue  # given on the command line with the method: validated, not dropped
+        dropped = spec.pop(name)
+        if notes is not None:
+            notes.append(f"engine.spec.method={method}: dropped engine.spec.{name}={dropped!r} from the "
+                         f"config file (method {method!r} does not use it)")
 
 
 def build_config(data: dict[str, Any], source: str = "<dict>") -> AppConfig:
@@ -86,7 +113,10 @@ def load_config(name_or_path: str, overrides: list[str] | None = None) -> AppCon
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config {str(path)!r} must be a mapping, got {type(data).__name__}")
-    return build_config(apply_overrides(data, overrides or []), source=str(path))
+    notes: list[str] = []
+    cfg = build_config(apply_overrides(data, overrides or [], notes), source=str(path))
+    cfg.notes.extend(notes)
+    return cfg
 
 
 def dump_config(cfg: AppConfig) -> str:

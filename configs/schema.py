@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 SpecMethod = Literal["peagle", "eagle3", "ngram", "none"]
 Device = Literal["cpu", "gpu"]
@@ -420,6 +420,13 @@ class AppConfig(StrictModel):
     )
     batch_client: BatchClientConfig = Field(default_factory=BatchClientConfig)
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
+    # What loading did that the file does not say (e.g. fields dropped when an override
+    # switched spec.method); shown by --dry-run and logged by jobs. Not part of the dump.
+    _notes: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def notes(self) -> list[str]:
+        return self._notes
 
     @model_validator(mode="after")
     def _check(self) -> "AppConfig":

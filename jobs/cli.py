@@ -35,16 +35,20 @@ def dry_run_report(cfg: AppConfig) -> dict:
         "sampling": cfg.sampling.model_dump(),
         "input": cfg.input,
         "output": cfg.output,
+        "notes": list(cfg.notes),
     }
 
 
 def parse_config(args: argparse.Namespace) -> AppConfig:
     """Load the config or exit with status 2 and a message naming the bad key/value."""
     try:
-        return load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    for note in cfg.notes:
+        logging.getLogger(__name__).warning("config: %s", note)
+    return cfg
 
 
 def handle_dry_run(args: argparse.Namespace, cfg: AppConfig) -> bool:

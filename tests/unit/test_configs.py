@@ -53,6 +53,26 @@ def test_dry_run_override_changes_k_and_head():
     assert spec["num_speculative_tokens"] == 5 and spec["model"] == "/heads/gemma4"
 
 
+def test_speculation_off_is_one_override_and_the_dry_run_says_what_was_dropped():
+    proc = run_job("--config", "tiny", "--dry-run", "engine.spec.method=none")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert "speculative_config" not in report["vllm_kwargs"]
+    assert any("num_speculative_tokens=4" in n and "dropped" in n for n in report["notes"])
+    # Given together with the method, a field the method does not use is still refused.
+    with pytest.raises(ConfigError, match="num_speculative_tokens"):
+        load_config("tiny", ["engine.spec.method=none", "engine.spec.num_speculative_tokens=3"])
+
+
+def test_switching_method_keeps_what_the_new_method_uses():
+    cfg = load_config("tiny", ["engine.spec.method=ngram"])
+    assert cfg.engine.spec.num_speculative_tokens == 4 and cfg.engine.spec.head is None
+    assert [n for n in cfg.notes if "head" in n]
+    assert load_config("tiny").notes == []  # nothing dropped, nothing said
+    eagle3 = load_config("tiny", ["engine.spec.method=eagle3", "engine.spec.head=artifacts/tiny/eagle3-head"])
+    assert eagle3.engine.spec.head == "artifacts/tiny/eagle3-head" and eagle3.notes == []
+
+
 @pytest.mark.parametrize(
     "override, named",
     [
