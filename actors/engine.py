@@ -12,8 +12,6 @@ deployment hold an `Engine`; they never build a vLLM engine their own way.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -27,6 +25,7 @@ from actors.requests import (
     parse_request,
     resolved_sampling,
 )
+from actors.engine_lifecycle import EngineLifecycle, keep_serving
 from actors.spec_stats import SpecDecodeStats, StepWindow
 from configs.schema import EngineConfig, SamplingDefaults
 from configs.vllm_args import live_k_values, to_vllm_kwargs
@@ -42,9 +41,10 @@ SPEC_PER_POS_NAME = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
 def prepare_process_env(device: str) -> None:
-    """Process-wide settings vLLM reads at import/start. On CPU the engine core runs
-    in-process: start-up is seconds instead of a spawned process, and one engine per
-    actor process is what we want anyway."""
+    """Process-wide settings vLLM reads at import/start. VLLM_ENABLE_V1_MULTIPROCESSING=0
+    keeps a synchronous `vllm.LLM` (benchmarks' bare arm) in-process on CPU; `AsyncLLM`,
+    which `Engine` uses, runs its engine core in a child process whatever it says
+    (actors.engine_lifecycle handles that process dying)."""
     if device == "cpu":
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -100,8 +100,9 @@ def _kv_capacity_tokens(vllm_config) -> int:
     return int(blocks * (cache.block_size or 0))
 
 
-class Engine:
-    """One vLLM `AsyncLLM` plus request mapping and statistics."""
+class Engine(EngineLifecycle):
+    """One vLLM `AsyncLLM` plus request mapping and statistics; restarts and recovery
+    from a dead engine core in `actors.engine_lifecycle`."""
 
     def __init__(self, cfg: EngineConfig, defaults: SamplingDefaults | None = None, device: str = "cpu"):
         prepare_process_env(device)
@@ -130,10 +131,7 @@ class Engine:
         self.kwargs = to_vllm_kwargs(cfg)
         self.speculating = cfg.spec.method != "none"  # False after a restart without speculation
         self._openai: tuple | None = None  # (app, args, tasks) once the OpenAI app is built
-        self._admitted = asyncio.Event()  # cleared while the engine restarts
-        self._admitted.set()
-        self.num_active = 0  # requests inside the engine now (generate, score, online)
-        self.num_restarts = 0
+        self._init_lifecycle()
         self._start_llm(self.kwargs)
         self.controller = None
         if cfg.spec.controller is not None:
@@ -155,59 +153,6 @@ class Engine:
         self.startup_s = time.monotonic() - started
         log.info("engine ready in %.1fs: %s spec=%s", self.startup_s, self.cfg.model,
                  self.cfg.spec.method if kwargs.get("speculative_config") else "none")
-
-    # -- admission and restart -----------------------------------------------------------
-
-    @property
-    def restarting(self) -> bool:
-        return not self._admitted.is_set()
-
-    @contextlib.asynccontextmanager
-    async def admitted(self):
-        """Every request runs inside this: it waits while the engine restarts, and a
-        restart waits until the requests inside have finished."""
-        await self._admitted.wait()
-        self.num_active += 1
-        try:
-            yield
-        finally:
-            self.num_active -= 1
-
-    async def restart_engine(self, speculating: bool, drain_timeout_s: float = 600.0) -> float:
-        """Replace vLLM's engine by one with (`speculating`) or without its drafter: new
-        requests wait, the requests inside finish, the old engine stops, the new one
-        starts, waiting requests go on. Returns the restart's seconds (its measured cost).
-        No request is dropped or sees the change; the statistics carry on."""
-        if speculating and self.cfg.spec.method == "none":
-            raise ValueError("engine was configured with spec.method='none': nothing to restart with")
-        self._admitted.clear()
-        try:
-            started = time.monotonic()
-            while self.num_active:  # bounded: every request has max_tokens
-                if time.monotonic() - started > drain_timeout_s:
-                    raise TimeoutError(f"{self.num_active} requests still running after {drain_timeout_s:.0f} s; "
-                                       "engine not restarted")
-                await asyncio.sleep(0.02)
-            from configs.schema import SpecConfig
-
-            cfg = self.cfg if speculating else self.cfg.model_copy(update={"spec": SpecConfig()})
-            # Both off the event loop: stopping and starting an engine take seconds, and the
-            # loop keeps answering health checks and holding the waiting requests meanwhile.
-            await asyncio.to_thread(self._llm.shutdown)
-            await asyncio.to_thread(self._start_llm, to_vllm_kwargs(cfg))
-            self.speculating = speculating
-            self.num_restarts += 1
-            self.step_window.skip_next_gap()
-            if self._openai is not None:  # the OpenAI layer serves the new engine from now on
-                from vllm.entrypoints.launchers.api_server.app_state import init_app_state
-
-                app, args, tasks = self._openai
-                await init_app_state(self._llm, app.state, args, tasks)
-            seconds = time.monotonic() - started
-            log.warning("engine restarted %s speculation in %.1fs", "with" if speculating else "without", seconds)
-            return seconds
-        finally:
-            self._admitted.set()
 
     # -- request mapping -------------------------------------------------------------
 
@@ -257,29 +202,25 @@ class Engine:
             params = self._sampling_params(req, len(prompt_ids))
         except RequestError as exc:
             return error_result(request_id, "invalid_request", str(exc))
-        async with self.admitted():
-            return await self._run(req, prompt_ids, params)
+        return await self.run_with_recovery(req.id, lambda: self._run(req, prompt_ids, params), error_result)
 
     async def _run(self, req: GenerationRequest, prompt_ids: list[int], params) -> dict[str, Any]:
+        """One try on the current engine; raises what the engine raised."""
         from vllm import TokensPrompt
 
         engine_request_id = f"{req.id}-{uuid.uuid4().hex[:12]}"
         started = time.monotonic()
         first_token_s = None
         final = None
-        try:
-            async for out in self._llm.generate(
-                TokensPrompt(prompt_token_ids=prompt_ids),
-                params,
-                engine_request_id,
-                priority=req.priority,
-            ):
-                if first_token_s is None and out.outputs and out.outputs[0].token_ids:
-                    first_token_s = time.monotonic() - started
-                final = out
-        except Exception as exc:  # the engine failed this row; the caller decides on retry
-            log.warning("request %s failed in the engine: %r", req.id, exc)
-            return error_result(req.id, "engine_error", f"{type(exc).__name__}: {exc}")
+        async for out in self._llm.generate(
+            TokensPrompt(prompt_token_ids=prompt_ids),
+            params,
+            engine_request_id,
+            priority=req.priority,
+        ):
+            if first_token_s is None and out.outputs and out.outputs[0].token_ids:
+                first_token_s = time.monotonic() - started
+            final = out
         completion = final.outputs[0]
         return {
             "id": req.id,
@@ -312,7 +253,9 @@ class Engine:
         tasks = await self._llm.get_supported_tasks()
         app = build_app(args, tasks, self._llm.model_config)
         await init_app_state(self._llm, app.state, args, tasks)
+        keep_serving(app)
         self._openai = (app, args, tasks)  # re-bound to the new engine after a restart
+        self._ensure_watchdog()
         return app
 
     # -- speculation depth -------------------------------------------------------------
@@ -362,13 +305,6 @@ class Engine:
             if not self.speculating:
                 raise ValueError("engine runs without speculation (restarted plain): there is no K table")
             return await self._llm.engine_core.call_utility_async(GET_METHOD)
-
-    async def check_health(self) -> None:
-        """Raises if the engine loop has died. A restart in progress is healthy (it is
-        bounded, and requests wait for it)."""
-        if not self._admitted.is_set():
-            return
-        await self._llm.check_health()
 
     # -- introspection -----------------------------------------------------------------
 
@@ -446,16 +382,17 @@ class Engine:
                                     detokenize=num_top_logprobs > 0)
         except (ValueError, TypeError) as exc:
             return error_result(request_id, "invalid_request", f"num_top_logprobs={num_top_logprobs!r}: {exc}")
-        final = None
-        try:
-            async with self.admitted():
-                async for out in self._llm.generate(TokensPrompt(prompt_token_ids=token_ids), params,
-                                                    f"{request_id}-score-{uuid.uuid4().hex[:12]}", priority=priority):
-                    final = out
-        except Exception as exc:  # the engine failed this row; the caller decides on retry
-            log.warning("score %s failed in the engine: %r", request_id, exc)
-            return error_result(request_id, "engine_error", f"{type(exc).__name__}: {exc}")
-        positions = final.prompt_logprobs[len(prompt_ids):]
+        async def attempt():
+            final = None
+            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=token_ids), params,
+                                                f"{request_id}-score-{uuid.uuid4().hex[:12]}", priority=priority):
+                final = out
+            return {"ok": True, "final": final}
+
+        outcome = await self.run_with_recovery(request_id, attempt, error_result)
+        if not outcome["ok"]:
+            return outcome
+        positions = outcome["final"].prompt_logprobs[len(prompt_ids):]
         result: dict[str, Any] = {
             "id": request_id,
             "ok": True,

@@ -332,7 +332,14 @@ class ServeConfig(StrictModel):
         "Shorter = faster reaction, noisier decisions."
     )
     max_request_bytes: int = Field(
-        1 << 20, ge=1024, description="Largest HTTP request body accepted (413 above it)."
+        1 << 20, ge=1024, description="Largest HTTP request body accepted (413 above it), "
+        "with or without Content-Length."
+    )
+    max_n: int = Field(
+        128, ge=1, description="Most completions one HTTP request may ask for: n (or best_of "
+        "when larger) times the number of prompts; above it the request gets a 400 naming the "
+        "value. OpenAI's own cap on n is 128; one request with n=1000 would multiply the "
+        "engine's work 1000x."
     )
     api_key_env: str = Field(
         "PEAGLE_API_KEY", description="Environment variable holding the API key; when set on "

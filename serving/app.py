@@ -6,7 +6,8 @@ usage, OpenAI error bodies, /health, /metrics) bound to our `Engine`, instead of
 `ray.serve.llm`, because that builds its own engine in a separate deployment: the batch
 door below must reach the very engine that serves HTTP, with its own priority and
 admission limit. We add only what is missing (`serving.middleware`: API key with an
-OpenAI 401 body, request-size limit, replica header; `/ready`; per-replica metrics).
+OpenAI 401 body, request-size limit also for chunked bodies, a cap on n, OpenAI error
+bodies for every /v1 error, replica header; `/ready`; per-replica metrics).
 
 Batch door: `generate_batch(request)` through a Serve handle, at batch priority (online
 requests keep vLLM's default priority 0, so the engine schedules them first). It admits
@@ -78,7 +79,8 @@ class EngineReplica:
 
         asyncio.get_running_loop().create_task(self._export_metrics())
         api_key = os.environ.get(self.cfg.serve.api_key_env)
-        return Guards(app, self.cfg.serve.max_request_bytes, api_key, admit=self.engine.admitted)
+        return Guards(app, self.cfg.serve.max_request_bytes, api_key, admit=self.engine.admitted,
+                      max_choices=self.cfg.serve.max_n)
 
     async def generate_batch(self, request: dict[str, Any]) -> dict[str, Any]:
         """One batch row. Returns the engine's result dict, or `{"busy": True}` when the

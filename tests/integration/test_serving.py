@@ -76,6 +76,9 @@ def test_openai_client_gets_completions_and_chat_streamed_and_not_with_usage(cli
         ("/v1/completions", json.dumps({"model": "tiny", "prompt": "y = 2\n" * 3000}).encode(), 400, "context"),
         ("/v1/chat/completions", json.dumps({"model": "tiny"}).encode(), 400, "messages"),
         ("/v1/completions", json.dumps({"model": "tiny", "prompt": "z" * (2 << 20)}).encode(), 413, "limit"),
+        ("/v1/completions", json.dumps({"model": "tiny", "prompt": "x", "n": 1000}).encode(), 400, "n=1000"),
+        ("/v1/completions", b'{"model": "tiny", "prompt": "\xff\xfe"}', 400, "JSON"),
+        ("/v1/completions", b'{"model": "tiny", "prompt": "x", "max_to', 400, "JSON"),
     ],
 )
 def test_malformed_requests_get_openai_4xx_and_server_keeps_serving(app_url, client, path, body, status, mentions):
@@ -84,6 +87,17 @@ def test_malformed_requests_get_openai_4xx_and_server_keeps_serving(app_url, cli
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert mentions.lower() in error["message"].lower() and "type" in error
+    assert client.completions.create(model="tiny", prompt="ok", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_chunked_body_over_the_limit_gets_413_like_any_other(app_url, client):
+    def chunks():
+        for _ in range(3):  # 3 x 1 MiB, no Content-Length: over serve.max_request_bytes (1 MiB)
+            yield b" " * (1 << 20)
+
+    r = httpx.post(f"{app_url}/v1/completions", content=chunks(), timeout=60,
+                   headers={"content-type": "application/json", "authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
     assert client.completions.create(model="tiny", prompt="ok", max_tokens=2).usage.completion_tokens == 2
 
 

@@ -1,0 +1,221 @@
+"""An engine's life after start-up: the admission gate, restarts on request (with or
+without the drafter), and recovery when vLLM's engine core dies.
+
+vLLM's `AsyncLLM` runs its `EngineCore` in a child process. When that process dies (on
+GPUs a CUDA error or the OOM killer; here, a kill), every request in flight fails with
+`EngineDeadError` and the engine never serves again, while the process that holds it
+(a Ray actor, a Serve replica) lives on: Ray would restart neither, and every later row
+would fail. So the host rebuilds its engine in place: a watchdog notices the death within
+`WATCHDOG_INTERVAL_S` (or a failing request does, first), new requests wait at the
+admission gate, the dead engine is shut down and a new one started with the same
+configuration (same drafter state), and each request that failed because of the death
+is run again on the new engine, at most `ENGINE_DEATH_RETRIES` times: a request that
+kills the engine every time ends as an `engine_died` error with its reason, and the
+others go on. Online requests inside vLLM's OpenAI layer at the moment of death get
+its OpenAI error body (HTTP 500, never a hang); the next ones are served by the new
+engine. A rebuild that fails leaves the engine dead: health checks then fail, so Serve
+replaces the replica, and batch rows end as errors with the reason.
+
+The two kinds of restart share one path (`_rebuild`): stop the old engine off the event
+loop, start the new one off it, re-bind the OpenAI layer, count the restart (the
+speculation controller re-syncs its table on that count). Knows nothing about Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+log = logging.getLogger(__name__)
+
+ENGINE_DEATH_RETRIES = 2  # a request runs at most 1 + this many times when engines die under it
+WATCHDOG_INTERVAL_S = 1.0
+
+
+def is_engine_death(exc: BaseException) -> bool:
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    return isinstance(exc, EngineDeadError)
+
+
+class EngineLifecycle:
+    """Mixed into `actors.engine.Engine`, which provides `_llm`, `cfg`, `speculating`,
+    `_start_llm(kwargs)`, `_openai` and `step_window`."""
+
+    def _init_lifecycle(self) -> None:
+        self._admitted = asyncio.Event()  # cleared while the engine restarts
+        self._admitted.set()
+        self.num_active = 0  # requests inside the engine now (generate, score, online)
+        self.num_restarts = 0  # every rebuild: asked for, or after a death
+        self.num_engine_deaths = 0
+        self.num_requests_rerun = 0  # tries repeated because the engine died under them
+        self.engine_generation = 0  # +1 per rebuild: tells a request which engine it ran on
+        self._recovery: asyncio.Task | None = None
+        self._rebuilding = asyncio.Lock()  # one rebuild at a time (a death during a restart)
+        self._watchdog: asyncio.Task | None = None
+        self.dead_reason: str | None = None  # set when a rebuild after a death failed
+
+    # -- admission ---------------------------------------------------------------------
+
+    @property
+    def restarting(self) -> bool:
+        return not self._admitted.is_set()
+
+    @contextlib.asynccontextmanager
+    async def admitted(self):
+        """Every request runs inside this: it waits while the engine restarts, and a
+        restart asked for waits until the requests inside have finished."""
+        await self._admitted.wait()
+        self.num_active += 1
+        try:
+            yield
+        finally:
+            self.num_active -= 1
+
+    # -- restarts ----------------------------------------------------------------------
+
+    async def restart_engine(self, speculating: bool, drain_timeout_s: float = 600.0) -> float:
+        """Replace vLLM's engine by one with (`speculating`) or without its drafter: new
+        requests wait, the requests inside finish, the old engine stops, the new one
+        starts, waiting requests go on. Returns the restart's seconds (its measured cost).
+        No request is dropped or sees the change; the statistics carry on."""
+        if speculating and self.cfg.spec.method == "none":
+            raise ValueError("engine was configured with spec.method='none': nothing to restart with")
+        self._admitted.clear()
+        try:
+            started = time.monotonic()
+            while self.num_active:  # bounded: every request has max_tokens
+                if time.monotonic() - started > drain_timeout_s:
+                    raise TimeoutError(f"{self.num_active} requests still running after {drain_timeout_s:.0f} s; "
+                                       "engine not restarted")
+                await asyncio.sleep(0.02)
+            await self._rebuild(speculating)
+            seconds = time.monotonic() - started
+            log.warning("engine restarted %s speculation in %.1fs", "with" if speculating else "without", seconds)
+            return seconds
+        finally:
+            self._admitted.set()
+
+    async def _rebuild(self, speculating: bool, if_generation: int | None = None) -> None:
+        """Stop the engine, start a new one. With `if_generation`, only if no rebuild has
+        happened since that engine (a recovery that a restart already made moot)."""
+        async with self._rebuilding:
+            if if_generation is None or if_generation == self.engine_generation:
+                await self._rebuild_now(speculating)
+
+    async def _rebuild_now(self, speculating: bool) -> None:
+        from configs.schema import SpecConfig
+        from configs.vllm_args import to_vllm_kwargs
+
+        cfg = self.cfg if speculating else self.cfg.model_copy(update={"spec": SpecConfig()})
+        # Both off the event loop: stopping and starting an engine take seconds, and the
+        # loop keeps answering health checks and holding the waiting requests meanwhile.
+        try:
+            await asyncio.to_thread(self._llm.shutdown)
+        except Exception:  # a dead engine may fail to stop cleanly; its process is gone anyway
+            log.warning("stopping the old engine failed", exc_info=True)
+        await asyncio.to_thread(self._start_llm, to_vllm_kwargs(cfg))
+        self.speculating = speculating
+        self.num_restarts += 1
+        self.engine_generation += 1
+        self.step_window.skip_next_gap()
+        if self._openai is not None:  # the OpenAI layer serves the new engine from now on
+            from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+
+            app, args, tasks = self._openai
+            await init_app_state(self._llm, app.state, args, tasks)
+            keep_serving(app)
+
+    # -- death and recovery ------------------------------------------------------------
+
+    def _ensure_watchdog(self) -> None:
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        """Notices a dead engine core even when no request of ours is running (online
+        traffic goes through vLLM's OpenAI layer, which cannot revive it)."""
+        while True:
+            await asyncio.sleep(WATCHDOG_INTERVAL_S)
+            if self.dead_reason is None and not self.restarting and self._llm.errored:
+                await self.recover(self.engine_generation)
+
+    async def recover(self, generation: int) -> bool:
+        """Rebuild the engine after its core died under a request that ran on engine
+        `generation`. One rebuild however many requests saw the death; a request from an
+        engine already replaced just runs again. True when an engine serves again."""
+        if generation != self.engine_generation and self._recovery is None:
+            return self.dead_reason is None
+        if self._recovery is None:
+            self._recovery = asyncio.get_running_loop().create_task(self._recover(generation))
+        try:
+            await asyncio.shield(self._recovery)
+        except Exception:
+            pass  # logged by _recover; dead_reason says why
+        return self.dead_reason is None
+
+    async def _recover(self, generation: int) -> None:
+        self._admitted.clear()
+        self.num_engine_deaths += 1
+        started = time.monotonic()
+        log.error("the engine core died (death %d); rebuilding the engine", self.num_engine_deaths)
+        try:
+            await self._rebuild(self.speculating, if_generation=generation)
+            log.warning("engine rebuilt after its core died, in %.1fs", time.monotonic() - started)
+        except Exception as exc:
+            self.dead_reason = f"engine core died and the rebuild failed: {type(exc).__name__}: {exc}"
+            log.exception("rebuilding the engine failed; this host stays unhealthy")
+            raise
+        finally:
+            self._recovery = None
+            self._admitted.set()
+
+    async def run_with_recovery(self, request_id: str, attempt: Callable[[], Awaitable[dict[str, Any]]],
+                                error_result: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+        """Run `attempt` (one request on the current engine) inside the admission gate;
+        when the engine core dies under it, rebuild and run it again, at most
+        ENGINE_DEATH_RETRIES more times. `attempt` raises what the engine raised."""
+        self._ensure_watchdog()
+        for tries in range(1, ENGINE_DEATH_RETRIES + 2):
+            if self.dead_reason is not None:
+                return error_result(request_id, "engine_dead", self.dead_reason)
+            async with self.admitted():
+                generation = self.engine_generation
+                try:
+                    return await attempt()
+                except Exception as exc:
+                    if not (is_engine_death(exc) or self._llm.errored):
+                        log.warning("request %s failed in the engine: %r", request_id, exc)
+                        return error_result(request_id, "engine_error", f"{type(exc).__name__}: {exc}")
+            log.warning("request %s: the engine core died under it (try %d of %d)", request_id, tries,
+                        ENGINE_DEATH_RETRIES + 1)
+            await self.recover(generation)
+            self.num_requests_rerun += 1
+        return error_result(request_id, "engine_died", f"the engine core died under this request "
+                            f"{ENGINE_DEATH_RETRIES + 1} times (it was rebuilt each time); not retried again")
+
+    async def check_health(self) -> None:
+        """Raises if the engine is dead and could not be rebuilt. A restart or rebuild in
+        progress is healthy (bounded, and requests wait for it)."""
+        if self.dead_reason is not None:
+            raise RuntimeError(self.dead_reason)
+        if self.restarting:
+            return
+        if self._llm.errored:  # rebuild now (if the watchdog has not yet): healthy meanwhile
+            if self._recovery is None:
+                self._recovery = asyncio.get_running_loop().create_task(self._recover(self.engine_generation))
+            return
+        await self._llm.check_health()
+
+
+def keep_serving(app) -> None:
+    """vLLM's OpenAI error handler stops its own HTTP server when the engine dies
+    (`app.state.server.should_exit = True`); ours is Ray Serve's, and the engine is
+    rebuilt in place, so it gets a server object whose flag nobody reads."""
+    class _NoServer:
+        should_exit = False
+
+    app.state.server = _NoServer()
