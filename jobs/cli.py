@@ -9,7 +9,7 @@ import argparse
 import json
 import logging
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from configs import AppConfig, ConfigError, load_config, resource_plan, to_vllm_kwargs
 
@@ -71,8 +71,31 @@ def start_runtime() -> None:
     """Logging, and Ray: the cluster of `ray job submit` / RAY_ADDRESS, else a local one."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     import ray
+    import ray.data
 
     ray.init(ignore_reinit_error=True)
+    # A stage's own exception (e.g. pipelines.storage.StorageError naming the path), not
+    # Ray Data's UserCodeException around it: run_or_explain reports it as it is.
+    ray.data.DataContext.get_current().raise_original_map_exception = True
+
+
+def run_or_explain(run: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    """`run()`'s summary; None (after printing why) when storage failed persistently
+    (no such bucket, access denied, retries exhausted), also inside a Ray task: the job
+    stops with a message naming the path, not a traceback or a hang. Transient S3 errors
+    never get here (pipelines.storage retries them)."""
+    from pipelines.storage import StorageError
+
+    try:
+        return run()
+    except Exception as exc:
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, StorageError):
+            cause = getattr(cause, "cause", None) or cause.__cause__
+        if cause is None:
+            raise
+        print(f"error: {cause}", file=sys.stderr)
+        return None
 
 
 def print_summary(summary: dict[str, Any], where: str) -> int:

@@ -19,7 +19,9 @@ from typing import Any
 
 from configs import AppConfig, dump_config
 from jobs.speculation_plot import FILE_NAME as PLOT_FILE, timeline_png
-from jobs.cli import handle_dry_run, parse_config, parser, print_summary, require_input_output, start_runtime
+from jobs.cli import (
+    handle_dry_run, parse_config, parser, print_summary, require_input_output, run_or_explain, start_runtime,
+)
 from pipelines.sink import summary_head
 from pipelines.storage import FsSpec, OutputStore, list_shards, plan_resume
 
@@ -132,11 +134,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         list_shards(FsSpec(cfg.s3_endpoint_url), cfg.input)  # fail fast, before starting Ray
-    except FileNotFoundError as exc:
+    except OSError as exc:  # no shards there, no such bucket, access denied
         print(f"error: {exc}", file=sys.stderr)
         return 2
     start_runtime()
-    summary = run_codegen(cfg)
+    summary = run_or_explain(lambda: run_codegen(cfg))
+    if summary is None:
+        return 2
     out = cfg.output.rstrip("/")
     return print_summary(summary, f"results: {out}/results/  errors: {out}/errors/  summary: {out}/_summary.json")
 

@@ -29,7 +29,9 @@ from collections.abc import Callable
 from typing import Any
 
 from configs import AppConfig, dump_config
-from jobs.cli import parse_config, parser, print_summary, require_input_output, start_runtime
+from jobs.cli import (
+    parse_config, parser, print_summary, require_input_output, run_or_explain, start_runtime,
+)
 from pipelines.sink import summary_head
 from pipelines.scoring import CodeScoringConfig
 from pipelines.storage import FsSpec, OutputStore, Shard, list_shards
@@ -174,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     if not require_input_output(cfg):
         return 2
     start_runtime()
-    summary = run_score_code(cfg, scoring)
+    summary = run_or_explain(lambda: run_score_code(cfg, scoring))
+    if summary is None:
+        return 2
     out = cfg.output.rstrip("/")
     return print_summary(summary, f"per sample: {out}/results/  per task: {out}/pass_at_k.jsonl  "
                                   f"summary: {out}/_summary.json")

@@ -25,7 +25,9 @@ import time
 from typing import Any
 
 from configs import AppConfig, dump_config
-from jobs.cli import handle_dry_run, parse_config, parser, print_summary, require_input_output, start_runtime
+from jobs.cli import (
+    handle_dry_run, parse_config, parser, print_summary, require_input_output, run_or_explain, start_runtime,
+)
 from pipelines.sink import summary_head
 from pipelines.scoring import LogprobScoringConfig, totals
 from pipelines.storage import FsSpec, OutputStore, plan_resume
@@ -74,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     if not require_input_output(cfg):
         return 2
     start_runtime()
-    summary = run_score_logprobs(cfg, cfg.scoring.logprobs)
+    summary = run_or_explain(lambda: run_score_logprobs(cfg, cfg.scoring.logprobs))
+    if summary is None:
+        return 2
     out = cfg.output.rstrip("/")
     return print_summary(summary, f"results: {out}/results/  errors: {out}/errors/  summary: {out}/_summary.json")
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from configs.schema import CodeScoringConfig, LogprobScoringConfig, ScoringConfig  # noqa: F401 (re-export)
 from pipelines.rows import RowError, error_line
 from pipelines.sink import ShardCollector
-from pipelines.storage import FsSpec, OutputStore, Shard, read_shard
+from pipelines.storage import FsSpec, OutputStore, Shard, StorageError, read_shard
 
 if TYPE_CHECKING:
     import ray.data
@@ -83,7 +83,9 @@ class ReadRows:
         for uri, fmt in json.loads(item["files"]):
             try:
                 raws = list(read_shard(self.fs_spec, Shard(item["shard"], uri, fmt)))
-            except Exception as exc:
+            except StorageError:  # the store refused (retries spent): stop the job, commit nothing of it
+                raise
+            except Exception as exc:  # a corrupt file: one error row
                 line_no += 1
                 add(None, None, error_json("unreadable_shard", f"{uri}: {type(exc).__name__}: {exc}"))
                 continue

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from pipelines.rows import RowError, parse_line, parse_row
-from pipelines.storage import FsSpec, Shard, read_shard
+from pipelines.storage import FsSpec, Shard, StorageError, read_shard
 
 ROW_COLUMNS = ("shard", "line_no", "shard_rows", "custom_id", "kind", "request", "error")
 # Batches one actor works on at once: Ray Data runs up to this many calls of an async
@@ -43,7 +43,9 @@ class ReadShard:
         rows = []
         try:
             raw_rows = list(read_shard(self.fs_spec, shard))
-        except Exception as exc:  # an unreadable shard is one error row, not a dead job
+        except StorageError:  # the store refused (retries spent): stop the job, commit nothing of it
+            raise
+        except Exception as exc:  # an unreadable shard (corrupt file) is one error row, not a dead job
             raw_rows = None
             rows.append(self._row(shard, 1, None, None, None, _error_json(
                 "unreadable_shard", f"{shard.uri}: {type(exc).__name__}: {exc}")))

@@ -13,6 +13,7 @@ Knows nothing about engines or row formats.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import logging
@@ -24,6 +25,15 @@ import fsspec
 log = logging.getLogger(__name__)
 
 SHARD_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+# Transient S3 failures (503 SlowDown, 500, a reset connection, a read that stalls) are
+# normal at scale: botocore's standard retry mode retries them with jittered exponential
+# back-off, up to this many attempts per call, and a stalled read times out and is retried.
+# Persistent ones (no such bucket, access denied) are not retried and surface at once.
+S3_MAX_ATTEMPTS = 10
+S3_CONNECT_TIMEOUT_S = 10
+S3_READ_TIMEOUT_S = 60
 
 
 @dataclass(frozen=True)
@@ -39,8 +49,10 @@ class FsSpec:
             kwargs: dict[str, Any] = {}
             if self.endpoint_url:
                 kwargs["endpoint_url"] = self.endpoint_url
+            config = {"retries": {"max_attempts": S3_MAX_ATTEMPTS, "mode": "standard"},
+                      "connect_timeout": S3_CONNECT_TIMEOUT_S, "read_timeout": S3_READ_TIMEOUT_S}
             # Fresh instance: s3fs caches listings per instance, and markers change.
-            return s3fs.S3FileSystem(skip_instance_cache=True, **kwargs)
+            return s3fs.S3FileSystem(skip_instance_cache=True, config_kwargs=config, **kwargs)
         return fsspec.filesystem("file", auto_mkdir=True)
 
 
@@ -49,6 +61,23 @@ class Shard:
     name: str  # unique, flat: used to name this shard's outputs
     uri: str
     format: str  # jsonl | parquet
+
+
+class StorageError(OSError):
+    """A store that refuses or lacks what the job needs (no such bucket, access denied,
+    retries exhausted): persistent, so the job stops with this message naming the path."""
+
+
+@contextlib.contextmanager
+def storage_errors(action: str, uri: str):
+    """Re-raise a filesystem error as a StorageError that says what was done where
+    (s3fs says "Forbidden" or "The specified bucket does not exist", naming no path)."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except OSError as exc:
+        raise StorageError(f"{action} {uri}: {type(exc).__name__}: {exc}") from exc
 
 
 def _strip(uri: str) -> str:
@@ -63,14 +92,15 @@ def list_shards(fs_spec: FsSpec, input_uri: str) -> list[Shard]:
     """Shards under a prefix/directory, or matching a glob, sorted by path."""
     fs = fs_spec.open_fs(input_uri)
     raw = _strip(input_uri)
-    if any(c in raw for c in "*?["):
-        paths = fs.glob(raw)
-        base = raw[: min(raw.find(c) for c in "*?[" if c in raw)].rsplit("/", 1)[0]
-    elif fs.isfile(raw):
-        paths, base = [raw], raw.rsplit("/", 1)[0]
-    else:
-        base = raw.rstrip("/")
-        paths = [p for p in fs.find(base) if not fs.isdir(p)]
+    with storage_errors("listing input", input_uri):
+        if any(c in raw for c in "*?["):
+            paths = fs.glob(raw)
+            base = raw[: min(raw.find(c) for c in "*?[" if c in raw)].rsplit("/", 1)[0]
+        elif fs.isfile(raw):
+            paths, base = [raw], raw.rsplit("/", 1)[0]
+        else:
+            base = raw.rstrip("/")
+            paths = [p for p in fs.find(base) if not fs.isdir(p)]
     shards = []
     for path in sorted(paths):
         if not path.endswith(SHARD_SUFFIXES) or fnmatch.fnmatch(path.rsplit("/", 1)[-1], "_*"):
@@ -90,18 +120,19 @@ def read_shard(fs_spec: FsSpec, shard: Shard) -> Iterator[str | dict[str, Any]]:
     """JSONL: each non-empty line as a string (parsed later, so a bad line is one error,
     not a failed shard). Parquet: each row as a dict."""
     fs = fs_spec.open_fs(shard.uri)
-    if shard.format == "parquet":
-        import pyarrow.parquet as pq
+    with storage_errors("reading shard", shard.uri):
+        if shard.format == "parquet":
+            import pyarrow.parquet as pq
 
+            with fs.open(_strip(shard.uri), "rb") as f:
+                for batch in pq.ParquetFile(f).iter_batches(batch_size=1024):
+                    yield from batch.to_pylist()
+            return
         with fs.open(_strip(shard.uri), "rb") as f:
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=1024):
-                yield from batch.to_pylist()
-        return
-    with fs.open(_strip(shard.uri), "rb") as f:
-        for raw in f:
-            line = raw.decode("utf-8", errors="replace").strip()
-            if line:
-                yield line
+            for raw in f:
+                line = raw.decode("utf-8", errors="replace").strip()
+                if line:
+                    yield line
 
 
 class OutputStore:
@@ -121,13 +152,14 @@ class OutputStore:
     def committed(self) -> dict[str, dict[str, Any]]:
         """Commit markers already present: shard name -> marker."""
         marker_dir = self._path("_commits")
-        if not self.fs.exists(marker_dir):
-            return {}
-        out = {}
-        for path in self.fs.find(marker_dir):
-            if path.endswith(".json"):
-                out[path.rsplit("/", 1)[-1][: -len(".json")]] = json.loads(self.fs.cat_file(path))
-        return out
+        with storage_errors("reading commit markers under", self.uri_of("_commits")):
+            if not self.fs.exists(marker_dir):
+                return {}
+            out = {}
+            for path in self.fs.find(marker_dir):
+                if path.endswith(".json"):
+                    out[path.rsplit("/", 1)[-1][: -len(".json")]] = json.loads(self.fs.cat_file(path))
+            return out
 
     def committed_ids(self, names: list[str]) -> set[str]:
         """custom_ids in committed shards' outputs (to keep ids unique across resumes)."""
@@ -135,28 +167,31 @@ class OutputStore:
         for name in names:
             for kind in ("results", "errors"):
                 path = self._path(kind, f"{name}.jsonl")
-                if self.fs.exists(path):
-                    for line in self.fs.cat_file(path).splitlines():
-                        cid = json.loads(line).get("custom_id")
-                        if cid is not None:
-                            ids.add(cid)
+                with storage_errors("reading", self.uri_of(kind, f"{name}.jsonl")):
+                    lines = self.fs.cat_file(path).splitlines() if self.fs.exists(path) else []
+                for line in lines:
+                    cid = json.loads(line).get("custom_id")
+                    if cid is not None:
+                        ids.add(cid)
         return ids
 
     def commit_shard(self, name: str, results: list[dict], errors: list[dict], marker: dict) -> None:
         """Results and errors first, the marker last: a marker implies complete outputs."""
         for kind, lines in (("results", results), ("errors", errors)):
             body = "".join(json.dumps(line) + "\n" for line in lines)
-            self.fs.pipe_file(self._path(kind, f"{name}.jsonl"), body.encode())
-        self.fs.pipe_file(self._path("_commits", f"{name}.json"), json.dumps(marker).encode())
+            self.write_bytes(f"{kind}/{name}.jsonl", body.encode())
+        self.write_bytes(f"_commits/{name}.json", json.dumps(marker).encode())
 
     def write_text(self, name: str, text: str) -> None:
-        self.fs.pipe_file(self._path(name), text.encode())
+        self.write_bytes(name, text.encode())
 
     def write_bytes(self, name: str, data: bytes) -> None:
-        self.fs.pipe_file(self._path(name), data)
+        with storage_errors("writing", self.uri_of(name)):
+            self.fs.pipe_file(self._path(name), data)
 
     def read_json(self, name: str) -> Any:
-        return json.loads(self.fs.cat_file(self._path(name)))
+        with storage_errors("reading", self.uri_of(name)):
+            return json.loads(self.fs.cat_file(self._path(name)))
 
 
 def plan_resume(fs_spec: FsSpec, input_uri: str, store: OutputStore) -> tuple[list[Shard], dict[str, dict], list[Shard]]:
