@@ -309,7 +309,8 @@ class Engine(EngineLifecycle):
     # -- introspection -----------------------------------------------------------------
 
     def stats_dict(self) -> dict[str, Any]:
-        return {**self.stats.as_dict(), "signals": dict(self.signals), "spec_control": self.spec_control_state()}
+        return {**self.stats.as_dict(), "signals": dict(self.signals), "spec_control": self.spec_control_state(),
+                "num_restarts": self.num_restarts, "num_engine_deaths": self.num_engine_deaths}
 
     @staticmethod
     def vllm_spec_counters() -> dict[str, Any]:

@@ -120,6 +120,7 @@ def build_summary(cfg, shards, committed_before, committer, elapsed_s: float) ->
             "mean_acceptance_length": stats.mean_acceptance_length,
             "controller": controller_summary(committer.spec_control()),
         },
+        "engines": committer.engine_events(),
         "per_shard": {name: {k: m[k] for k in ("rows", "ok", "errors")} for name, m in sorted(markers.items())},
         "config": cfg.model_dump(mode="json"),
     }

@@ -126,6 +126,12 @@ class ShardCommitter(ShardCollector):
         return {key: data["spec_control"] for key, data in sorted(self.engine_stats.items())
                 if data.get("spec_control")}
 
+    def engine_events(self) -> dict[str, int]:
+        """Engines seen, and their rebuilds: after a dead engine core, and in all."""
+        return {"num_engines": len(self.engine_stats),
+                "num_engine_deaths": sum(d.get("num_engine_deaths", 0) for d in self.engine_stats.values()),
+                "num_restarts": sum(d.get("num_restarts", 0) for d in self.engine_stats.values())}
+
     def spec_stats(self) -> SpecDecodeStats:
         """The engines' counters as last reported, summed (each engine reports cumulative
         values; a restarted engine reports under a new key, so nothing is lost)."""

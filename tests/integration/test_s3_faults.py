@@ -49,6 +49,7 @@ def test_codegen_and_scoring_finish_every_row_once_through_ten_percent_faults(s3
     assert gen["reconciled"] and gen["rows_in"] == gen["rows_ok"] == rows == 12
     generated = _ids(s3, f"{bucket}/gen", "results")
     assert sorted(generated) == sorted(set(generated)) and len(generated) == rows  # exactly once
+    assert gen["engines"]["num_engines"] >= 1 and gen["engines"]["num_engine_deaths"] == 0
 
     cfg = load_config("tiny", [f"input=s3://{bucket}/gen", f"output=s3://{bucket}/score",
                                f"s3_endpoint_url={proxy.endpoint_url}"])
