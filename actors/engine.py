@@ -331,6 +331,7 @@ class Engine(EngineLifecycle):
         return out
 
     def shutdown(self) -> None:
+        self.closed = True  # before the engine stops: a stopped engine is not a dead one to rebuild
         if self.controller is not None:
             self.controller.stop()
         self._llm.shutdown()

@@ -57,6 +57,7 @@ class EngineLifecycle:
         self._rebuilding = asyncio.Lock()  # one rebuild at a time (a death during a restart)
         self._watchdog: asyncio.Task | None = None
         self.dead_reason: str | None = None  # set when a rebuild after a death failed
+        self.closed = False  # set by shutdown(): never rebuild an engine stopped on purpose
 
     # -- admission ---------------------------------------------------------------------
 
@@ -138,15 +139,17 @@ class EngineLifecycle:
     async def _watch(self) -> None:
         """Notices a dead engine core even when no request of ours is running (online
         traffic goes through vLLM's OpenAI layer, which cannot revive it)."""
-        while True:
+        while not self.closed:
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
-            if self.dead_reason is None and not self.restarting and self._llm.errored:
+            if not self.closed and self.dead_reason is None and not self.restarting and self._llm.errored:
                 await self.recover(self.engine_generation)
 
     async def recover(self, generation: int) -> bool:
         """Rebuild the engine after its core died under a request that ran on engine
         `generation`. One rebuild however many requests saw the death; a request from an
         engine already replaced just runs again. True when an engine serves again."""
+        if self.closed:
+            return False
         if generation != self.engine_generation and self._recovery is None:
             return self.dead_reason is None
         if self._recovery is None:
@@ -182,6 +185,8 @@ class EngineLifecycle:
         for tries in range(1, ENGINE_DEATH_RETRIES + 2):
             if self.dead_reason is not None:
                 return error_result(request_id, "engine_dead", self.dead_reason)
+            if self.closed:
+                return error_result(request_id, "engine_closed", "the engine was shut down")
             async with self.admitted():
                 generation = self.engine_generation
                 try:
@@ -202,7 +207,7 @@ class EngineLifecycle:
         progress is healthy (bounded, and requests wait for it)."""
         if self.dead_reason is not None:
             raise RuntimeError(self.dead_reason)
-        if self.restarting:
+        if self.restarting or self.closed:
             return
         if self._llm.errored:  # rebuild now (if the watchdog has not yet): healthy meanwhile
             if self._recovery is None:

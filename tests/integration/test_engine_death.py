@@ -41,7 +41,8 @@ async def wait_until(predicate, what: str, timeout_s: float = 240.0):
 def engine(tiny_models, loop):
     engine = loop.start_engine(["sampling.temperature=0", "engine.max_num_seqs=8"])
     yield engine
-    engine.shutdown()
+    if not engine.closed:
+        engine.shutdown()
 
 
 async def _generate(engine, prompts):
@@ -100,3 +101,17 @@ def test_a_request_that_kills_the_engine_every_time_ends_as_an_error_and_others_
     assert engine.num_engine_deaths == deaths + ENGINE_DEATH_RETRIES + 1
     healthy = loop.run(engine.generate({"id": "next", "prompt": "def h():", "max_tokens": 8}))
     assert healthy["ok"] and healthy["num_output_tokens"] == 8
+
+
+def test_an_engine_shut_down_on_purpose_is_not_rebuilt(engine, loop):
+    restarts = engine.num_restarts
+    engine.shutdown()  # vLLM's engine now reports itself errored, as a dead one does
+
+    async def watchdog_gone():
+        await wait_until(lambda: engine._watchdog is None or engine._watchdog.done(), "the watchdog to stop")
+        return await engine.recover(engine.engine_generation)
+
+    assert loop.run(watchdog_gone()) is False
+    assert engine.num_restarts == restarts
+    result = loop.run(engine.generate({"id": "late", "prompt": "def f():", "max_tokens": 4}))
+    assert not result["ok"] and result["error"]["reason"] == "engine_closed"
