@@ -12,6 +12,7 @@ deployment hold an `Engine`; they never build a vLLM engine their own way.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -185,9 +186,15 @@ class Engine(EngineLifecycle):
 
     # -- serving -----------------------------------------------------------------------
 
-    async def generate(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def generate(self, request: dict[str, Any], pause=None) -> dict[str, Any]:
         """Run one request; never raises for a bad or failed request: the result dict
-        carries `ok: False` and an `error` with a reason instead."""
+        carries `ok: False` and an `error` with a reason instead.
+
+        `pause` (a `serving.batch_gate.BatchSlot`, or anything with a `must_yield` event
+        and an async `resume()`): when the event is set the request is stopped in the
+        engine, keeps the tokens it has, waits in `resume()`, and goes on from its prompt
+        plus those tokens. Greedy output is the same as without pauses; a sampled (or
+        seeded) row draws again from where it stopped."""
         request_id = str(request.get("id", "")) if isinstance(request, dict) else ""
         self._ensure_controller()
         try:
@@ -202,37 +209,75 @@ class Engine(EngineLifecycle):
             params = self._sampling_params(req, len(prompt_ids))
         except RequestError as exc:
             return error_result(request_id, "invalid_request", str(exc))
-        return await self.run_with_recovery(req.id, lambda: self._run(req, prompt_ids, params), error_result)
+        return await self.run_with_recovery(req.id, lambda: self._run(req, prompt_ids, params, pause), error_result)
 
-    async def _run(self, req: GenerationRequest, prompt_ids: list[int], params) -> dict[str, Any]:
-        """One try on the current engine; raises what the engine raised."""
-        from vllm import TokensPrompt
-
-        engine_request_id = f"{req.id}-{uuid.uuid4().hex[:12]}"
+    async def _run(self, req: GenerationRequest, prompt_ids: list[int], params, pause=None) -> dict[str, Any]:
+        """One try on the current engine, in segments when paused; raises what the engine raised."""
         started = time.monotonic()
-        first_token_s = None
-        final = None
-        async for out in self._llm.generate(
-            TokensPrompt(prompt_token_ids=prompt_ids),
-            params,
-            engine_request_id,
-            priority=req.priority,
-        ):
-            if first_token_s is None and out.outputs and out.outputs[0].token_ids:
-                first_token_s = time.monotonic() - started
-            final = out
-        completion = final.outputs[0]
+        token_ids: list[int] = []
+        first_token_at, num_pauses = None, 0
+        while True:
+            segment = params.clone()
+            segment.max_tokens = params.max_tokens - len(token_ids)
+            completion, paused, first_at = await self._segment(req, prompt_ids + token_ids, segment, pause)
+            first_token_at = first_token_at or first_at
+            token_ids += completion.token_ids if completion is not None else []
+            if not paused or len(token_ids) >= params.max_tokens:
+                break
+            num_pauses += 1
+            await pause.resume()
+        finish_reason = completion.finish_reason if completion is not None and not paused else "length"
+        if num_pauses == 0:
+            text = completion.text
+        else:  # from all tokens: a later segment's own text lacks its left context
+            text = self._tokenizer.decode(token_ids, skip_special_tokens=params.skip_special_tokens)
+            cut = min((i for i in (text.find(stop) for stop in params.stop or []) if i >= 0), default=-1)
+            if cut >= 0:  # a stop string (also one spanning two segments) ends the text, as it would have
+                text, finish_reason = text[:cut], "stop"
         return {
             "id": req.id,
             "ok": True,
-            "text": completion.text,
-            "token_ids": list(completion.token_ids),
-            "finish_reason": completion.finish_reason,
+            "text": text,
+            "token_ids": token_ids,
+            "finish_reason": finish_reason,
             "num_prompt_tokens": len(prompt_ids),
-            "num_output_tokens": len(completion.token_ids),
-            "ttft_s": first_token_s,
+            "num_output_tokens": len(token_ids),
+            "num_pauses": num_pauses,
+            "ttft_s": first_token_at - started if first_token_at is not None else None,
             "latency_s": time.monotonic() - started,
         }
+
+    async def _segment(self, req: GenerationRequest, prompt_ids: list[int], params, pause):
+        """Run until finished or told to yield: (last output, paused?, when its first
+        token came). Cancelling vLLM's generator aborts the request in the engine."""
+        from vllm import TokensPrompt
+
+        state: dict[str, Any] = {"out": None, "ttft": None}
+
+        async def consume() -> None:
+            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), params,
+                                                f"{req.id}-{uuid.uuid4().hex[:12]}", priority=req.priority):
+                if state["ttft"] is None and out.outputs and out.outputs[0].token_ids:
+                    state["ttft"] = time.monotonic()
+                state["out"] = out
+
+        if pause is None:
+            await consume()
+            return state["out"].outputs[0], False, state["ttft"]
+        consumer = asyncio.ensure_future(consume())
+        told = asyncio.ensure_future(pause.must_yield.wait())
+        try:
+            await asyncio.wait({consumer, told}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            told.cancel()
+            if not consumer.done():
+                consumer.cancel()
+            await asyncio.gather(consumer, told, return_exceptions=True)
+        out = state["out"]
+        paused = consumer.cancelled() and not (out is not None and out.finished)
+        if not consumer.cancelled():
+            consumer.result()  # raises what the engine raised
+        return (out.outputs[0] if out is not None else None), paused, state["ttft"]
 
     # -- online (OpenAI-compatible HTTP) -----------------------------------------------
 

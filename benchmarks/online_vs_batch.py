@@ -1,11 +1,15 @@
 """Online latency with and without a batch job on the same Serve replicas.
 
-One run, side by side: (A) online requests alone at a fixed rate, (B) the batch job
-alone through the app's batch door, (C) both at once. Reports online p50/p99
-time-to-first-token and tokens/s, and batch tokens/s solo vs shared, as ratios.
+One run, side by side, per arm (a named set of config overrides for the Serve app):
+(A) online requests alone at a fixed rate, (B) the batch job alone through the app's
+batch door, (C) both at once. Reports online p50/p99 time-to-first-token and tokens/s,
+and batch tokens/s solo vs shared, as ratios to the same arm's A and B. The default arms:
+`no-pause` (batch rows never pause: priority and the batch share only) and `gate` (the
+shipped defaults: batch rows pause while online requests are in flight).
 Goal: p99 TTFT shared <= 1.25x alone while batch keeps >= 50% of its solo throughput.
 
-    python -m benchmarks.online_vs_batch [--rate 2] [--online-s 40] [--batch-rows 96]
+    python -m benchmarks.online_vs_batch [--rate 2] [--online-s 40] [--batch-rows 96] \
+        [--arm 'NAME:key=value;key=value' ...]
 """
 
 from __future__ import annotations
@@ -21,6 +25,15 @@ from pathlib import Path
 
 OUT_DIR = Path("out/bench")
 MAX_ONLINE_REQUESTS = 2000  # hard bound on any load loop
+BASE = ["serve.max_ongoing_requests=32", "serve.batch_share=0.5"]
+DEFAULT_ARMS = ["no-pause:serve.batch_rows_with_online=10000", "gate:"]
+
+
+def _parse_arm(text: str) -> tuple[str, list[str]]:
+    name, _, overrides = text.partition(":")
+    if not name:
+        raise ValueError(f"--arm needs NAME:overrides, got {text!r}")
+    return name, [o.strip() for o in overrides.split(";") if o.strip()]
 
 
 async def online_load(url: str, rate_per_s: float, duration_s: float, max_tokens: int, seed: int = 0,
@@ -83,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--online-max-tokens", type=int, default=32)
     p.add_argument("--batch-rows", type=int, default=96)
     p.add_argument("--batch-max-tokens", type=int, default=64)
+    p.add_argument("--arm", action="append", default=None,
+                   help="NAME:override;override (config overrides on top of the tiny preset); repeatable")
     args = p.parse_args(argv)
+    arms = dict(_parse_arm(a) for a in (args.arm or DEFAULT_ARMS))
 
     import ray
     from ray import serve
@@ -99,64 +115,72 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        app_cfg = load_config("tiny", ["serve.max_ongoing_requests=32", "serve.batch_share=0.5"])
-        serve.run(deployment_for(app_cfg), name="peagle", route_prefix="/")
         url = f"http://127.0.0.1:{port}"
         s3.create_bucket("bench")
         upload_humaneval(s3, "bench/in", num_shards=4, limit=args.batch_rows)
+        results: dict[str, tuple] = {}
+        for name, overrides in arms.items():
+            serve.run(deployment_for(load_config("tiny", [*BASE, *overrides])), name="peagle", route_prefix="/")
 
-        def batch_cfg(tag: str):
-            return load_config("tiny", [
-                "input=s3://bench/in", f"output=s3://bench/out-{tag}", f"s3_endpoint_url={s3.endpoint_url}",
-                "serve_app=peagle", f"sampling.max_tokens={args.batch_max_tokens}"])
+            def batch_job(tag: str):
+                return run_codegen(load_config("tiny", [
+                    "input=s3://bench/in", f"output=s3://bench/out-{name}-{tag}", f"s3_endpoint_url={s3.endpoint_url}",
+                    "serve_app=peagle", f"sampling.max_tokens={args.batch_max_tokens}"]))
 
-        print("[A] online alone ...", flush=True)
-        started = time.monotonic()
-        alone = summarize_online(asyncio.run(online_load(
-            url, args.rate, args.online_s, args.online_max_tokens)), time.monotonic() - started)
-        print("[B] batch alone ...", flush=True)
-        solo = run_codegen(batch_cfg("solo"))["this_run"]
-        print("[C] online + batch ...", flush=True)
-        shared_summary: dict = {}
-        done = threading.Event()
-
-        def run_batch() -> None:
-            shared_summary.update(run_codegen(batch_cfg("shared")))
-            done.set()
-
-        job = threading.Thread(target=run_batch)
-        job.start()
-        time.sleep(5)  # let the batch job fill its window first: the worst case for online
-        started = time.monotonic()
-        shared_records = asyncio.run(online_load(
-            url, args.rate, 4 * args.online_s, args.online_max_tokens, seed=1, until=done))
-        shared = summarize_online(shared_records, time.monotonic() - started)
-        job.join(timeout=1800)
-        shared_batch = shared_summary["this_run"]
+            print(f"[{name}] A: online alone ...", flush=True)
+            started = time.monotonic()
+            alone = summarize_online(asyncio.run(online_load(
+                url, args.rate, args.online_s, args.online_max_tokens)), time.monotonic() - started)
+            print(f"[{name}] B: batch alone ...", flush=True)
+            solo = batch_job("solo")["this_run"]
+            print(f"[{name}] C: online + batch ...", flush=True)
+            shared, batch = run_shared(url, args, lambda: batch_job("shared"))
+            results[name] = (alone, solo, shared, batch)
         serve.shutdown()
         ray.shutdown()
 
-    report = {
-        "online_alone": alone, "online_with_batch": shared,
-        "batch_alone_tokens_per_s": solo["output_tokens_per_s"],
-        "batch_shared_tokens_per_s": shared_batch["output_tokens_per_s"],
-        "ttft_p99_ratio": round(shared["ttft_p99_s"] / alone["ttft_p99_s"], 3),
-        "ttft_p50_ratio": round(shared["ttft_p50_s"] / alone["ttft_p50_s"], 3),
-        "batch_throughput_ratio": round(shared_batch["output_tokens_per_s"] / solo["output_tokens_per_s"], 3),
-        "settings": vars(args),
-    }
-    print(f"\n{'':28}{'alone':>10}{'with batch':>12}{'ratio':>8}")
-    for key in ("ttft_p50_s", "ttft_p99_s", "tokens_per_s"):
-        a, b = alone[key], shared[key]
-        print(f"online {key:21}{a:>10}{b:>12}{b / a:>8.2f}")
-    print(f"online failed requests      {alone['failed']:>10}{shared['failed']:>12}")
-    print(f"batch tokens_per_s          {solo['output_tokens_per_s']:>10}"
-          f"{shared_batch['output_tokens_per_s']:>12}{report['batch_throughput_ratio']:>8.2f}")
-    print(f"goal: p99 TTFT ratio <= 1.25 (got {report['ttft_p99_ratio']}), "
-          f"batch ratio >= 0.50 (got {report['batch_throughput_ratio']})")
+    report = {"settings": vars(args), "base_overrides": BASE, "arms": {}}
+    print(f"\n{'arm':10}{'TTFT p50 alone/shared':>24}{'x':>6}{'TTFT p99 alone/shared':>24}{'x':>6}"
+          f"{'batch tok/s solo/shared':>25}{'x':>6}{'online failed':>15}")
+    for name, (alone, solo, shared, batch) in results.items():
+        row = {"overrides": arms[name], "online_alone": alone, "online_with_batch": shared,
+               "batch_alone_tokens_per_s": solo["output_tokens_per_s"],
+               "batch_shared_tokens_per_s": batch["output_tokens_per_s"],
+               "batch_rows_in": batch["rows_in"], "batch_rows_ok": batch["rows_ok"],
+               "ttft_p50_ratio": round(shared["ttft_p50_s"] / alone["ttft_p50_s"], 3),
+               "ttft_p99_ratio": round(shared["ttft_p99_s"] / alone["ttft_p99_s"], 3),
+               "batch_throughput_ratio": round(batch["output_tokens_per_s"] / solo["output_tokens_per_s"], 3)}
+        report["arms"][name] = row
+        print(f"{name:10}{alone['ttft_p50_s']:>12}/{shared['ttft_p50_s']:<11}{row['ttft_p50_ratio']:>6.2f}"
+              f"{alone['ttft_p99_s']:>12}/{shared['ttft_p99_s']:<11}{row['ttft_p99_ratio']:>6.2f}"
+              f"{solo['output_tokens_per_s']:>12}/{batch['output_tokens_per_s']:<12}"
+              f"{row['batch_throughput_ratio']:>6.2f}{alone['failed'] + shared['failed']:>15}")
+    print("goal: p99 TTFT ratio <= 1.25 while the batch ratio >= 0.50 (batch rows all ok: "
+          + ", ".join(f"{n} {r['batch_rows_ok']}/{r['batch_rows_in']}" for n, r in report["arms"].items()) + ")")
     (OUT_DIR / "online_vs_batch.json").write_text(json.dumps(report, indent=2))
     _plot(report)
     return 0
+
+
+def run_shared(url: str, args, run_batch_job) -> tuple[dict, dict]:
+    """Phase C: the batch job in a thread, online load beside it until the job ends."""
+    summary: dict = {}
+    done = threading.Event()
+
+    def run_batch() -> None:
+        try:
+            summary.update(run_batch_job())
+        finally:
+            done.set()
+
+    job = threading.Thread(target=run_batch)
+    job.start()
+    time.sleep(5)  # let the batch job fill its window first: the worst case for online
+    started = time.monotonic()
+    records = asyncio.run(online_load(url, args.rate, 4 * args.online_s, args.online_max_tokens, seed=1, until=done))
+    shared = summarize_online(records, time.monotonic() - started)
+    job.join(timeout=1800)
+    return shared, {**summary["this_run"], "rows_in": summary["rows_in"], "rows_ok": summary["rows_ok"]}
 
 
 def _plot(report: dict) -> None:
@@ -165,16 +189,18 @@ def _plot(report: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
-    labels = ["alone", "with batch"]
-    for i, key in enumerate(("ttft_p50_s", "ttft_p99_s")):
-        values = [report["online_alone"][key], report["online_with_batch"][key]]
-        ax1.bar([x + 0.38 * i for x in range(2)], values, width=0.36, label=key.replace("_s", ""))
-    ax1.set_xticks([0.19, 1.19], labels)
-    ax1.set_ylabel("online TTFT (s)")
+    names = list(report["arms"])
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for i, key in enumerate(("ttft_p50_ratio", "ttft_p99_ratio")):
+        ax1.bar([x + 0.38 * i for x in range(len(names))], [report["arms"][n][key] for n in names], width=0.36,
+                label=key.replace("ttft_", "").replace("_ratio", ""))
+    ax1.axhline(1.25, color="grey", linestyle="--", linewidth=1)
+    ax1.set_xticks([x + 0.19 for x in range(len(names))], names)
+    ax1.set_ylabel("online TTFT with batch / alone")
     ax1.legend()
-    ax2.bar(labels, [report["batch_alone_tokens_per_s"], report["batch_shared_tokens_per_s"]])
-    ax2.set_ylabel("batch output tokens/s")
+    ax2.bar(names, [report["arms"][n]["batch_throughput_ratio"] for n in names])
+    ax2.axhline(0.5, color="grey", linestyle="--", linewidth=1)
+    ax2.set_ylabel("batch tok/s with online / alone")
     fig.suptitle("Online latency and batch throughput on shared replicas")
     fig.tight_layout()
     fig.savefig(OUT_DIR / "online_vs_batch.png", dpi=120)

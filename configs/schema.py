@@ -310,6 +310,12 @@ class ServeConfig(StrictModel):
         "the rest is reserved for online traffic. Lower = snappier online under batch load, "
         "less batch throughput."
     )
+    batch_rows_with_online: int = Field(
+        2, ge=1, description="Batch rows a replica keeps running while any online request is "
+        "in flight; the others pause (keeping their tokens) and go on when online traffic "
+        "leaves (serving/batch_gate.py). Lower = online steps closer to their cost alone, "
+        "less batch throughput under online load. >= 1 so batch always progresses."
+    )
     target_ongoing_requests: float = Field(
         48, gt=0, description="Fallback autoscaling target per replica: while no replica "
         "reports a predicted capacity (no spec.controller, or nothing measured yet), replicas "

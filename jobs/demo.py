@@ -57,7 +57,10 @@ class LocalRayCluster:
                  "object-manager-port", "node-manager-port"))],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
             # Job drivers run `python` from the cluster's PATH: make it this environment's.
-            env={**os.environ, **self.auth_env, "PATH": f"{ray_bin.parent}{os.pathsep}{os.environ.get('PATH', '')}"},
+            # Temp files of every process in it (vLLM's IPC sockets among them) go in its own
+            # temp dir, removed with it.
+            env={**os.environ, **self.auth_env, "PATH": f"{ray_bin.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                 "TMPDIR": self._private_tmp()},
         )
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
@@ -71,6 +74,11 @@ class LocalRayCluster:
                     self.stop()
                     raise RuntimeError(f"local Ray cluster did not come up at {self.address}")
                 time.sleep(1)
+
+    def _private_tmp(self) -> str:
+        path = os.path.join(self.temp_dir, "tmp")
+        os.makedirs(path, exist_ok=True)
+        return path
 
     def stop(self) -> None:
         if self.proc.poll() is None:

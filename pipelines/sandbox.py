@@ -188,7 +188,8 @@ def _node_slot(limits: SandboxLimits) -> Iterator[int]:
     """A free slot on this node (flock on one of N lock files, released on exit or if the
     holder dies): the per-node bound on concurrent sandboxes and each one's own uid."""
     # A fixed path (not $TMPDIR): every process on the node must share the same slots.
-    lock_dir = f"/tmp/peagle-sandbox-{os.geteuid()}"
+    # PEAGLE_SANDBOX_LOCK_DIR moves it (set for a whole node, e.g. a test run of its own).
+    lock_dir = os.environ.get("PEAGLE_SANDBOX_LOCK_DIR") or f"/tmp/peagle-sandbox-{os.geteuid()}"
     os.makedirs(lock_dir, mode=0o700, exist_ok=True)
     if os.stat(lock_dir).st_uid != os.geteuid():
         raise PermissionError(f"{lock_dir} belongs to uid {os.stat(lock_dir).st_uid}, not to this user")

@@ -13,7 +13,10 @@ Batch door: `generate_batch(request)` through a Serve handle, at batch priority 
 requests keep vLLM's default priority 0, so the engine schedules them first). It admits
 at most `serve.batch_share` of the replica's `max_ongoing_requests`; beyond that it
 answers `busy` at once and the batch client backs off, so batch rows can never crowd
-online requests out of the replica.
+online requests out of the replica. While online requests are in flight, batch rows
+beyond `serve.batch_rows_with_online` pause in the engine, keeping their tokens, and go
+on when online traffic leaves (`serving.batch_gate`): priority orders the queue, but
+every running batch row makes the step that serves an online request slower.
 
     serve run configs/serve/tiny.yaml        # or: make serve
 """
@@ -31,6 +34,7 @@ from ray import serve
 from actors.requests import PRIORITY_BATCH
 from configs import AppConfig, load_config, resource_plan
 from serving.autoscale import autoscaling_config, autoscaling_stats
+from serving.batch_gate import BatchGate
 from serving.middleware import Guards
 
 log = logging.getLogger(__name__)
@@ -55,8 +59,8 @@ class EngineReplica:
 
             self.lease = ReplicaLease(context.app_name, context.replica_tag, min_healthy=self.cfg.pool.min_actors)
             controller.lease = self.lease
-        self.batch_limit = max(1, int(self.cfg.serve.max_ongoing_requests * self.cfg.serve.batch_share))
-        self.batch_in_flight = 0
+        batch_limit = max(1, int(self.cfg.serve.max_ongoing_requests * self.cfg.serve.batch_share))
+        self.batch_gate = BatchGate(batch_limit, self.cfg.serve.batch_rows_with_online)
         self.num_busy_answers = 0
         self.num_batch_rows = 0
 
@@ -80,19 +84,21 @@ class EngineReplica:
         asyncio.get_running_loop().create_task(self._export_metrics())
         api_key = os.environ.get(self.cfg.serve.api_key_env)
         return Guards(app, self.cfg.serve.max_request_bytes, api_key, admit=self.engine.admitted,
-                      max_choices=self.cfg.serve.max_n)
+                      max_choices=self.cfg.serve.max_n, on_generation=self.batch_gate.online_request)
 
     async def generate_batch(self, request: dict[str, Any]) -> dict[str, Any]:
         """One batch row. Returns the engine's result dict, or `{"busy": True}` when the
-        batch share of this replica is full (the caller retries later)."""
-        if self.batch_in_flight >= self.batch_limit:
+        batch share of this replica is full, or full for its online load (the caller
+        retries later)."""
+        slot = self.batch_gate.try_admit()
+        if slot is None:
             self.num_busy_answers += 1
             return {"id": request.get("id"), "ok": False, "busy": True}
-        self.batch_in_flight += 1
         try:
-            result = await self.engine.generate({**request, "priority": PRIORITY_BATCH})
+            await slot.turn()
+            result = await self.engine.generate({**request, "priority": PRIORITY_BATCH}, pause=slot)
         finally:
-            self.batch_in_flight -= 1
+            self.batch_gate.release(slot)
         result["replica_pid"] = os.getpid()
         # Cumulative counters ride along so the batch job's summary can total them.
         result["engine_stats"] = self.engine.stats_dict()
@@ -110,8 +116,11 @@ class EngineReplica:
         return {
             **self.engine.stats_dict(),
             "replica_pid": os.getpid(),
-            "batch_in_flight": self.batch_in_flight,
-            "batch_limit": self.batch_limit,
+            "batch_in_flight": self.batch_gate.num_rows,
+            "batch_paused": self.batch_gate.num_paused,
+            "batch_limit": self.batch_gate.max_rows,
+            "online_in_flight": self.batch_gate.online_in_flight,
+            "num_batch_pauses": self.batch_gate.num_pauses,
             "num_busy_answers": self.num_busy_answers,
             "num_batch_rows": self.num_batch_rows,
         }
@@ -132,7 +141,7 @@ class EngineReplica:
         if inspect.isawaitable(state):
             state = await state
         capacity = state.get("capacity") if state else None
-        return autoscaling_stats(max(engine_requests, self.batch_in_flight), capacity)
+        return autoscaling_stats(max(engine_requests, self.batch_gate.num_rows), capacity)
 
     async def _export_metrics(self) -> None:
         from serving.metrics import ReplicaMetrics
@@ -141,7 +150,7 @@ class EngineReplica:
         metrics = ReplicaMetrics(context.replica_tag if context else str(os.getpid()))
         while True:
             try:
-                metrics.update(self.engine.stats_dict(), self.batch_in_flight)
+                metrics.update(self.engine.stats_dict(), self.batch_gate.num_rows)
                 if self.lease is not None:
                     self.lease.heartbeat()
             except Exception:  # metrics must never take the replica down

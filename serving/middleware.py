@@ -15,6 +15,8 @@
 Also the admission gate for online requests: `admit` (the engine's `admitted`, an async
 context manager) wraps every /v1 request, so a request waits while its engine restarts
 (with or without speculation) and a restart waits for the requests inside to finish.
+`on_generation` (a context manager) wraps every admitted generation request from its
+arrival to its last byte: the replica's batch rows yield while any is in flight.
 
 Plain ASGI middleware; knows nothing about engines or Serve.
 """
@@ -106,9 +108,11 @@ def as_openai_error(status: int, body: bytes) -> bytes | None:
 class Guards:
     """API key and limits on /v1 routes, OpenAI error bodies, replica header."""
 
-    def __init__(self, app, max_request_bytes: int, api_key: str | None, admit=None, max_choices: int = 128):
+    def __init__(self, app, max_request_bytes: int, api_key: str | None, admit=None, max_choices: int = 128,
+                 on_generation=None):
         self.app = app
         self.admit = admit
+        self.on_generation = on_generation
         self.max_request_bytes = max_request_bytes
         self.max_choices = max_choices
         self.api_key = api_key or None
@@ -134,6 +138,12 @@ class Guards:
         if refusal is not None:
             return await _send_json(send, *refusal, extra_headers=[self.replica_header])
         send = _openai_errors(self._with_header(send))
+        if self.on_generation is not None and path.endswith(GENERATION_PATHS):
+            with self.on_generation():
+                return await self._admitted(scope, receive, send)
+        return await self._admitted(scope, receive, send)
+
+    async def _admitted(self, scope, receive, send):
         if self.admit is not None:
             async with self.admit():
                 return await self.app(scope, receive, send)

@@ -2,8 +2,9 @@
 and a state directory of this run's own.
 
 Everything the suite's processes would otherwise keep in shared places (Ray's session
-directory under /tmp/ray, vLLM's and torch's caches and usage stats under ~, matplotlib's
-config) goes under one fresh temporary directory, set in the environment before Ray or
+directory under /tmp/ray, vLLM's IPC sockets and rendezvous files and every other temp
+file under /tmp, pytest's tmp_path base, the sandbox's slot locks, vLLM's and torch's
+caches and usage stats under ~, matplotlib's config) goes under one fresh temporary directory, set in the environment before Ray or
 vLLM is imported (child processes inherit it) and removed when the run ends. Two suites
 on one machine then never see each other's Ray sessions or caches.
 """
@@ -25,6 +26,9 @@ STATE_DIR = Path(tempfile.mkdtemp(prefix="peagle-tests-"))
 atexit.register(shutil.rmtree, STATE_DIR, ignore_errors=True)
 for var, sub in {
     "RAY_TMPDIR": "ray",  # Ray's session directories (default /tmp/ray)
+    "TMPDIR": "tmp",  # vLLM's ZMQ sockets and vllm_dist_* files, and any other temp file
+    "VLLM_RPC_BASE_PATH": "tmp",
+    "PEAGLE_SANDBOX_LOCK_DIR": "sandbox-slots",
     "XDG_CACHE_HOME": "cache",  # default ~/.cache
     "VLLM_CACHE_ROOT": "cache/vllm",
     "VLLM_CONFIG_ROOT": "config/vllm",
@@ -35,6 +39,7 @@ for var, sub in {
 }.items():
     os.environ[var] = str(STATE_DIR / sub)
     (STATE_DIR / sub).mkdir(parents=True, exist_ok=True)
+tempfile.tempdir = os.environ["TMPDIR"]  # this process too (pytest's tmp_path base included)
 os.environ["VLLM_NO_USAGE_STATS"] = "1"
 os.environ["VLLM_DO_NOT_TRACK"] = "1"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"

@@ -205,8 +205,12 @@ def test_concurrent_sandboxes_never_exceed_the_per_node_bound():
 def test_without_root_the_sandbox_uses_a_user_namespace_and_still_limits_processes(tmp_path):
     """A non-root scorer (e.g. Ray workers as a plain user): same boundary, via a user
     namespace; the program holds no capabilities and the process limit binds."""
-    workdir = Path(tempfile.mkdtemp(prefix="sandbox-nonroot-"))
+    # Under /tmp itself (removed below): that user cannot enter this run's private temp dir.
+    workdir = Path(tempfile.mkdtemp(prefix="sandbox-nonroot-", dir="/tmp"))
     try:
+        slots = workdir / "slots"  # that user's slot locks, in a place this test removes
+        slots.mkdir(mode=0o700)
+        os.chown(slots, 4242, 4242)
         (workdir / "pipelines").mkdir()
         for name in ("__init__.py", "sandbox.py", "sandbox_pid1.py"):
             shutil.copy(REPO_ROOT / "pipelines" / name, workdir / "pipelines" / name)
@@ -224,7 +228,8 @@ def test_without_root_the_sandbox_uses_a_user_namespace_and_still_limits_process
             f.chmod(0o644)
         proc = subprocess.run(["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", "/usr/bin/python3",
                                str(workdir / "probe.py"), str(workdir)],
-                              capture_output=True, text=True, timeout=120, env={"HOME": str(workdir), "PATH": "/usr/bin:/bin"})
+                              capture_output=True, text=True, timeout=120, env={"HOME": str(workdir), "PATH": "/usr/bin:/bin",
+                                   "PEAGLE_SANDBOX_LOCK_DIR": str(slots)})
         if "Operation not permitted" in proc.stdout + proc.stderr and "unshare" in proc.stdout + proc.stderr:
             pytest.skip("unprivileged user namespaces are disabled on this host")
         assert proc.returncode == 0, proc.stderr[-2000:]
@@ -232,7 +237,6 @@ def test_without_root_the_sandbox_uses_a_user_namespace_and_still_limits_process
         assert "Read-only file system" in proc.stdout
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-        shutil.rmtree("/tmp/peagle-sandbox-4242", ignore_errors=True)  # that user's slot locks
 
 
 def _watch_sandbox_processes():

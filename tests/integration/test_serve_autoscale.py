@@ -142,7 +142,7 @@ class FakeEngine:
 def test_engine_replica_reports_engine_requests_and_controller_capacity(control_state):
     from serving.app import EngineReplica
 
-    replica = SimpleNamespace(engine=FakeEngine(control_state), batch_in_flight=1)
+    replica = SimpleNamespace(engine=FakeEngine(control_state), batch_gate=SimpleNamespace(num_rows=1))
     stats = asyncio.run(EngineReplica.record_autoscaling_stats(replica))
     metrics = {name: {"r": value} for name, value in stats.items()}
     expected = None if control_state == "absent" else ReplicaCapacity(**LOW_CAPACITY)
