@@ -19,6 +19,7 @@ BENCHMARKS = [
     "benchmarks.online_vs_batch",
     "benchmarks.controller_sim",
     "benchmarks.controller_live",
+    "benchmarks.memory_flat",
 ]
 
 
