@@ -26,7 +26,7 @@ from actors.requests import (
     parse_request,
     resolved_sampling,
 )
-from actors.engine_lifecycle import EngineLifecycle, keep_serving
+from actors.engine_lifecycle import EngineLifecycle, keep_serving, stop_engine
 from actors.spec_stats import SpecDecodeStats, StepWindow
 from configs.schema import EngineConfig, SamplingDefaults
 from configs.vllm_args import live_k_values, to_vllm_kwargs
@@ -379,7 +379,7 @@ class Engine(EngineLifecycle):
         self.closed = True  # before the engine stops: a stopped engine is not a dead one to rebuild
         if self.controller is not None:
             self.controller.stop()
-        self._llm.shutdown()
+        stop_engine(self._llm)
 
     # -- scoring -----------------------------------------------------------------------
 

@@ -115,7 +115,7 @@ class EngineLifecycle:
         # Both off the event loop: stopping and starting an engine take seconds, and the
         # loop keeps answering health checks and holding the waiting requests meanwhile.
         try:
-            await asyncio.to_thread(self._llm.shutdown)
+            await asyncio.to_thread(stop_engine, self._llm)
         except Exception:  # a dead engine may fail to stop cleanly; its process is gone anyway
             log.warning("stopping the old engine failed", exc_info=True)
         await asyncio.to_thread(self._start_llm, to_vllm_kwargs(cfg))
@@ -214,6 +214,19 @@ class EngineLifecycle:
                 self._recovery = asyncio.get_running_loop().create_task(self._recover(self.engine_generation))
             return
         await self._llm.check_health()
+
+
+def stop_engine(llm) -> None:
+    """Stop a vLLM engine; when it has no request left, without the error log vLLM's own
+    shutdown causes: it stops the engine core first, its output handler then reads the
+    core's exit as a failure ("AsyncLLM output_handler failed ... EngineDeadError") before
+    vLLM cancels it. Cancelled first, the handler ends quietly. With requests still inside,
+    vLLM's order stays: the handler's failure is what wakes them with an error."""
+    from vllm.utils.async_utils import cancel_task_threadsafe
+
+    if llm.get_num_unfinished_requests() == 0:
+        cancel_task_threadsafe(getattr(llm, "output_handler", None))
+    llm.shutdown()
 
 
 def keep_serving(app) -> None:

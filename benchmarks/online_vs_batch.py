@@ -4,8 +4,9 @@ One run, side by side, per arm (a named set of config overrides for the Serve ap
 (A) online requests alone at a fixed rate, (B) the batch job alone through the app's
 batch door, (C) both at once. Reports online p50/p99 time-to-first-token and tokens/s,
 and batch tokens/s solo vs shared, as ratios to the same arm's A and B. The default arms:
-`no-pause` (batch rows never pause: priority and the batch share only) and `gate` (the
-shipped defaults: batch rows pause while online requests are in flight).
+`priority-only` (batch rows never pause, vLLM's default step budget: priority and the
+batch share only) and `shipped` (the preset as it is: batch rows pause while online
+requests are in flight, a small step budget on the replicas).
 Goal: p99 TTFT shared <= 1.25x alone while batch keeps >= 50% of its solo throughput.
 
     python -m benchmarks.online_vs_batch [--rate 2] [--online-s 40] [--batch-rows 96] \
@@ -26,7 +27,10 @@ from pathlib import Path
 OUT_DIR = Path("out/bench")
 MAX_ONLINE_REQUESTS = 2000  # hard bound on any load loop
 BASE = ["serve.max_ongoing_requests=32", "serve.batch_share=0.5"]
-DEFAULT_ARMS = ["no-pause:serve.batch_rows_with_online=10000", "gate:"]
+# priority-only: what the app did before the batch gate (priority, batch share, vLLM's
+# default step budget and block size); shipped: the preset as it is.
+DEFAULT_ARMS = ["priority-only:serve.batch_rows_with_online=10000;serve.max_num_batched_tokens=null;"
+                "engine.block_size=null", "shipped:"]
 
 
 def _parse_arm(text: str) -> tuple[str, list[str]]:
@@ -92,7 +96,7 @@ def summarize_online(records: list[dict], wall_s: float) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--rate", type=float, default=2.0, help="online requests per second")
-    p.add_argument("--online-s", type=float, default=40.0, help="online phase length, alone")
+    p.add_argument("--online-s", type=float, default=60.0, help="online phase length, alone")
     p.add_argument("--online-max-tokens", type=int, default=32)
     p.add_argument("--batch-rows", type=int, default=96)
     p.add_argument("--batch-max-tokens", type=int, default=64)

@@ -226,6 +226,12 @@ class EngineConfig(StrictModel):
     max_num_batched_tokens: int | None = Field(
         None, ge=16, description="Token budget per step (prefill chunking); None = vLLM default."
     )
+    block_size: int | None = Field(
+        None, ge=1, description="KV-cache block size in tokens; None = vLLM's default (128 on "
+        "CPU, 16 on GPU). Prefix caching reuses whole blocks only: smaller blocks let a batch "
+        "row paused for online traffic (serving/batch_gate.py) go on without recomputing most "
+        "of what it had."
+    )
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="GPU only: fraction of HBM vLLM may take."
     )
@@ -311,10 +317,18 @@ class ServeConfig(StrictModel):
         "less batch throughput."
     )
     batch_rows_with_online: int = Field(
-        2, ge=1, description="Batch rows a replica keeps running while any online request is "
+        8, ge=1, description="Batch rows a replica keeps running while any online request is "
         "in flight; the others pause (keeping their tokens) and go on when online traffic "
         "leaves (serving/batch_gate.py). Lower = online steps closer to their cost alone, "
-        "less batch throughput under online load. >= 1 so batch always progresses."
+        "less batch throughput under online load. >= 1 so batch always progresses. Where a "
+        "step is compute-bound at a few rows (CPU), 1; measure with benchmarks.online_vs_batch."
+    )
+    max_num_batched_tokens: int | None = Field(
+        None, ge=16, description="Token budget of one engine step on the replicas (vLLM's "
+        "max_num_batched_tokens; None = engine.max_num_batched_tokens). It bounds how long one "
+        "step takes, hence how long an arriving online request can wait behind batch prefills "
+        "(long prompts are prefilled in chunks of it). Lower = steadier online latency; too low "
+        "trims speculative tokens at high concurrency. Must be >= engine.max_num_seqs."
     )
     target_ongoing_requests: float = Field(
         48, gt=0, description="Fallback autoscaling target per replica: while no replica "
@@ -456,4 +470,14 @@ class AppConfig(StrictModel):
                 "engine.kv_cache_memory_bytes is required on CPU (got None); vLLM would "
                 "otherwise reserve most of the machine's RAM"
             )
+        budget = self.serve.max_num_batched_tokens
+        if budget is not None and budget < self.engine.max_num_seqs:
+            raise ValueError(f"serve.max_num_batched_tokens ({budget!r}) must be >= engine.max_num_seqs "
+                             f"({self.engine.max_num_seqs!r}): every running sequence needs a token per step")
         return self
+
+    def serving_engine(self) -> EngineConfig:
+        """The engine config a Serve replica runs: the engine's, with the replica's step budget."""
+        if self.serve.max_num_batched_tokens is None:
+            return self.engine
+        return self.engine.model_copy(update={"max_num_batched_tokens": self.serve.max_num_batched_tokens})

@@ -91,6 +91,7 @@ def to_vllm_kwargs(engine: EngineConfig) -> dict[str, Any]:
         "tokenizer": resolve_model_path(engine.tokenizer) if engine.tokenizer else None,
         "quantization": engine.quantization,
         "max_num_batched_tokens": engine.max_num_batched_tokens,
+        "block_size": engine.block_size,
         "gpu_memory_utilization": engine.gpu_memory_utilization,
         "kv_cache_memory_bytes": engine.kv_cache_memory_bytes,
         "speculative_config": speculative_config(engine.spec),

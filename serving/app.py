@@ -48,7 +48,7 @@ class EngineReplica:
         from actors.engine import Engine
 
         self.cfg = AppConfig.model_validate(cfg)
-        self.engine = Engine(self.cfg.engine, self.cfg.sampling, device=self.cfg.pool.device)
+        self.engine = Engine(self.cfg.serving_engine(), self.cfg.sampling, device=self.cfg.pool.device)
         self.lease = None
         controller = self.engine.controller
         context = serve.get_replica_context()

@@ -27,3 +27,34 @@ class DieOnceEngineStage(EngineStage):
             marker.write_text(str(os.getpid()))
             os._exit(1)
         return await super().__call__(batch)
+
+
+class CoreDiesOnceEngineStage(EngineStage):
+    """On its second batch, the first time any actor gets there, kills its vLLM engine core
+    process (SIGKILL, as the OOM killer would) once the batch's rows are inside the engine;
+    the actor itself lives on. A marker file records that it happened."""
+
+    marker_path: str = ""  # set by the test before the class is shipped to workers
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.calls = 0
+
+    async def __call__(self, batch):
+        import asyncio
+        import signal
+
+        self.calls += 1
+        marker = Path(self.marker_path)
+        if self.calls != 2 or marker.exists():
+            return await super().__call__(batch)
+        work = asyncio.ensure_future(super().__call__(batch))
+        for _ in range(2400):  # bounded: 120 s
+            if self.engine._llm.get_num_unfinished_requests() > 0 or work.done():
+                break
+            await asyncio.sleep(0.05)
+        pids = [p.pid for p in self.engine._llm.engine_core.resources.engine_manager.processes]
+        marker.write_text(f"{pids} with {self.engine._llm.get_num_unfinished_requests()} requests inside")
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        return await work

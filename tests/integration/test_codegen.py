@@ -134,6 +134,25 @@ def test_engine_actor_that_dies_is_replaced_and_its_rows_redone(s3, bucket, ray_
     assert summary["rows_ok"] == 40 and summary["rows_error"] == 0
 
 
+def test_engine_core_that_dies_mid_job_is_rebuilt_and_no_row_is_lost_or_an_error(s3, bucket, ray_local, tiny_models,
+                                                                                   tmp_path):
+    import faults
+
+    ray.cloudpickle.register_pickle_by_value(faults)
+    marker = tmp_path / "core-died"
+    faults.CoreDiesOnceEngineStage.marker_path = str(marker)
+    problems = _upload_humaneval(s3, f"{bucket}/core/in", num_shards=2, limit=40)
+    summary = run_codegen(
+        _cfg(s3, f"{bucket}/core/in", f"{bucket}/core/out", "sampling.max_tokens=16", "pool.max_requests_in_flight=8"),
+        stage_cls=faults.CoreDiesOnceEngineStage,
+    )
+    assert marker.exists(), "the fault was never injected"
+    results = _outputs(s3, f"{bucket}/core/out", "results")
+    assert sorted(r["custom_id"] for r in results) == sorted(p["task_id"] for p in problems)  # each exactly once
+    assert summary["rows_ok"] == 40 and summary["rows_error"] == 0 and summary["reconciled"]
+    assert summary["engines"]["num_engine_deaths"] >= 1  # the death is reported, not hidden
+
+
 def test_killed_job_resumes_without_recomputing_or_duplicating(s3, bucket, tiny_models, repo_root):
     problems = _upload_humaneval(s3, f"{bucket}/resume/in", num_shards=8, limit=64)
     out = f"{bucket}/resume/out"

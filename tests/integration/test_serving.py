@@ -143,6 +143,7 @@ def test_batch_job_shares_replicas_with_online_and_online_never_fails(app_url, c
     assert sorted(ids) == sorted(p["task_id"] for p in problems)  # each row exactly once
     replica = serve.get_app_handle("peagle").stats.remote().result()
     assert replica["num_batch_rows"] == 40
+    assert replica["batch_in_flight"] == replica["batch_paused"] == 0  # no row left behind in the batch gate
     assert online_pids == {replica["replica_pid"]}  # online and batch: the same process
     assert replica["num_drafts"] > 0
 

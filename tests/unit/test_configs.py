@@ -154,6 +154,15 @@ def test_cpu_pool_requires_kv_cache_size_and_tp1():
         load_config("tiny", ["engine.tensor_parallel_size=2"])
 
 
+def test_serve_step_budget_applies_to_the_replicas_engine_only_and_is_checked():
+    cfg = load_config("tiny", ["serve.max_num_batched_tokens=256"])
+    assert to_vllm_kwargs(cfg.serving_engine())["max_num_batched_tokens"] == 256
+    assert "max_num_batched_tokens" not in to_vllm_kwargs(cfg.engine)  # batch jobs' own engines keep vLLM's
+    assert to_vllm_kwargs(cfg.engine)["block_size"] == 32
+    with pytest.raises(ConfigError, match=r"serve.max_num_batched_tokens \(16\) must be >= engine.max_num_seqs \(32\)"):
+        load_config("tiny", ["serve.max_num_batched_tokens=16"])
+
+
 def test_importing_config_and_job_cli_does_not_import_vllm_or_torch():
     code = (
         "import sys, configs, jobs.cli, actors, actors.requests, actors.spec_stats, pipelines;"

@@ -134,3 +134,26 @@ def test_chunked_body_over_the_limit_gets_413_without_reading_it_all():
 
     ok = post(app, "/v1/completions", small)
     assert ok.status_code == 200 and len(ok.json()["choices"]) == 2
+
+
+def test_generation_requests_count_as_online_traffic_while_they_run_and_others_do_not():
+    """The batch gate learns of online traffic from here: every generation request from
+    arrival to its last byte, refused ones and other routes not."""
+    from serving.batch_gate import BatchGate
+
+    gate = BatchGate(max_rows=4, max_rows_with_online=1)
+    app, _ = build_app()
+    inner = app.app
+    seen_in_flight = []
+
+    async def watching(scope, receive, send):
+        seen_in_flight.append((scope["path"], gate.online_in_flight))
+        await inner(scope, receive, send)
+
+    guarded = Guards(watching, LIMIT, api_key=None, max_choices=8, on_generation=gate.online_request)
+    assert post(guarded, "/v1/completions", json.dumps({"prompt": "x"})).status_code == 200
+    assert post(guarded, "/v1/chat/completions", json.dumps({"messages": []})).status_code == 200
+    assert get(guarded, "/v1/typed/3").status_code == 200
+    assert post(guarded, "/v1/completions", json.dumps({"prompt": "x", "n": 99})).status_code == 400
+    assert seen_in_flight == [("/v1/completions", 1), ("/v1/chat/completions", 1), ("/v1/typed/3", 0)]
+    assert gate.online_in_flight == 0  # and out again, each one
