@@ -147,6 +147,7 @@ class Engine(EngineLifecycle):
 
         started = time.monotonic()
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=[self._logger_cls])
+        self._stop_at_exit()
         self._tokenizer = self._llm.get_tokenizer()
         self.max_model_len = self._llm.model_config.max_model_len
         self.kv_capacity_tokens = _kv_capacity_tokens(self._llm.vllm_config)

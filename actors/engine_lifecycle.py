@@ -24,9 +24,11 @@ speculation controller re-syncs its table on that count). Knows nothing about Ra
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import time
+import weakref
 from typing import Any, Awaitable, Callable
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,17 @@ class EngineLifecycle:
         self._watchdog: asyncio.Task | None = None
         self.dead_reason: str | None = None  # set when a rebuild after a death failed
         self.closed = False  # set by shutdown(): never rebuild an engine stopped on purpose
+        self._stops_at_exit = False
+
+    def _stop_at_exit(self) -> None:
+        """Call once the first vLLM engine is built. At the end of a process that never
+        called `shutdown()` (a script, a test) vLLM's own exit hooks stop the engine core;
+        its output handler then logs that as a failure. Stopped here first, on purpose, it
+        does not (exit hooks run last-registered first). A retired Ray actor is different:
+        Ray kills its child processes, the engine core included, before any exit hook."""
+        if not self._stops_at_exit:
+            self._stops_at_exit = True
+            atexit.register(_shutdown_if_alive, weakref.ref(self))
 
     # -- admission ---------------------------------------------------------------------
 
@@ -216,17 +229,47 @@ class EngineLifecycle:
         await self._llm.check_health()
 
 
-def stop_engine(llm) -> None:
+def _shutdown_if_alive(ref: weakref.ref) -> None:
+    engine = ref()
+    if engine is not None and not engine.closed:
+        try:
+            engine.shutdown()
+        except Exception:  # the process is going away; vLLM's own hooks still stop the core
+            log.warning("stopping the engine at exit failed", exc_info=True)
+
+
+def stop_engine(llm, wait_s: float = 5.0) -> None:
     """Stop a vLLM engine; when it has no request left, without the error log vLLM's own
     shutdown causes: it stops the engine core first, its output handler then reads the
     core's exit as a failure ("AsyncLLM output_handler failed ... EngineDeadError") before
-    vLLM cancels it. Cancelled first, the handler ends quietly. With requests still inside,
-    vLLM's order stays: the handler's failure is what wakes them with an error."""
-    from vllm.utils.async_utils import cancel_task_threadsafe
-
-    if llm.get_num_unfinished_requests() == 0:
-        cancel_task_threadsafe(getattr(llm, "output_handler", None))
+    vLLM cancels it. Cancelled first (and waited for, when the caller is on another thread
+    than the engine's loop), the handler ends quietly. With requests still inside, vLLM's order stays: the handler's failure is what
+    wakes them with an error."""
+    handler = getattr(llm, "output_handler", None)
+    if handler is not None and not handler.done() and llm.get_num_unfinished_requests() == 0:
+        _cancel_and_wait(handler, wait_s)
     llm.shutdown()
+
+
+def _cancel_and_wait(task: asyncio.Task, wait_s: float) -> None:
+    loop = task.get_loop()
+    try:
+        on_loop = asyncio.get_running_loop() is loop
+    except RuntimeError:
+        on_loop = False
+    if on_loop or not loop.is_running():
+        task.cancel()  # delivered before the task runs again, so before it sees the core stop
+        return
+
+    async def cancel() -> None:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+
+    try:
+        asyncio.run_coroutine_threadsafe(cancel(), loop).result(wait_s)
+    except Exception:  # loop stuck or closing: shut down anyway (at worst vLLM logs its error)
+        log.warning("engine output handler did not stop within %.0fs; shutting the engine down anyway", wait_s)
 
 
 def keep_serving(app) -> None:

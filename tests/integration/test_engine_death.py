@@ -5,6 +5,7 @@ engine every time ends as an error with its reason after a bounded number of tri
 a death with nothing in flight is noticed and repaired by itself."""
 
 import asyncio
+import logging
 import os
 import signal
 
@@ -27,6 +28,15 @@ def core_pids(engine) -> list[int]:
 def kill_core(engine) -> None:
     for pid in core_pids(engine):
         os.kill(pid, signal.SIGKILL)
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 async def wait_until(predicate, what: str, timeout_s: float = 240.0):
@@ -85,10 +95,10 @@ def test_a_death_with_nothing_in_flight_is_repaired_by_the_watchdog(engine, loop
 def test_a_request_that_kills_the_engine_every_time_ends_as_an_error_and_others_go_on(engine, loop):
     run = engine._run
 
-    async def poisoned(req, prompt_ids, params):  # this input takes the engine down, every time
+    async def poisoned(req, *args, **kwargs):  # this input takes the engine down, every time
         if req.id == "poison":
             asyncio.get_running_loop().call_later(0.2, kill_core, engine)
-        return await run(req, prompt_ids, params)
+        return await run(req, *args, **kwargs)
 
     engine._run = poisoned
     deaths = engine.num_engine_deaths
@@ -103,15 +113,24 @@ def test_a_request_that_kills_the_engine_every_time_ends_as_an_error_and_others_
     assert healthy["ok"] and healthy["num_output_tokens"] == 8
 
 
-def test_an_engine_shut_down_on_purpose_is_not_rebuilt(engine, loop):
+def test_an_engine_shut_down_on_purpose_is_not_rebuilt_and_logs_no_error(engine, loop):
     restarts = engine.num_restarts
-    engine.shutdown()  # vLLM's engine now reports itself errored, as a dead one does
+    errors = _Records()
+    vllm_log = logging.getLogger("vllm.v1.engine.async_llm")  # vLLM's loggers do not propagate
+    vllm_log.addHandler(errors)
+    try:
+        # From another thread than the engine's loop, as Ray Data retires a stage.
+        engine.shutdown()  # vLLM's engine now reports itself errored, as a dead one does
 
-    async def watchdog_gone():
-        await wait_until(lambda: engine._watchdog is None or engine._watchdog.done(), "the watchdog to stop")
-        return await engine.recover(engine.engine_generation)
+        async def watchdog_gone():
+            await wait_until(lambda: engine._watchdog is None or engine._watchdog.done(), "the watchdog to stop")
+            await wait_until(engine._llm.output_handler.done, "vLLM's output handler to end")
+            return await engine.recover(engine.engine_generation)
 
-    assert loop.run(watchdog_gone()) is False
+        assert loop.run(watchdog_gone()) is False
+    finally:
+        vllm_log.removeHandler(errors)
+    assert errors.messages == []  # a clean stop is not "AsyncLLM output_handler failed"
     assert engine.num_restarts == restarts
     result = loop.run(engine.generate({"id": "late", "prompt": "def f():", "max_tokens": 4}))
     assert not result["ok"] and result["error"]["reason"] == "engine_closed"
