@@ -33,12 +33,27 @@ BUCKET = "peagle-demo"
 READY_TIMEOUT_S = 180
 
 
+# Ray keeps unix sockets under its temp dir, at <dir>/session_<date>_<time>_<pid>/sockets/
+# plasma_store (about 65 bytes past <dir>), and refuses paths over 107 bytes (AF_UNIX).
+_RAY_SOCKET_TAIL = 70
+_AF_UNIX_MAX = 107
+
+
+def _cluster_temp_dir() -> str:
+    """A temp dir of the cluster's own, under the temp dir of this process when Ray's
+    socket paths fit there (a test run nests TMPDIR), else under /tmp; removed at stop."""
+    parent = tempfile.gettempdir()
+    if len(os.path.join(parent, "peagle-ray-xxxxxxxx")) + _RAY_SOCKET_TAIL > _AF_UNIX_MAX:
+        parent = "/tmp"
+    return tempfile.mkdtemp(prefix="peagle-ray-", dir=parent)
+
+
 class LocalRayCluster:
     """`ray start --head --block` in its own process group, so stopping it stops only
     this cluster (plain `ray stop` would stop every Ray on the machine)."""
 
     def __init__(self, num_cpus: int = 4):
-        self.temp_dir = tempfile.mkdtemp(prefix="peagle-ray-")
+        self.temp_dir = _cluster_temp_dir()
         self.dashboard_port = _free_port()
         self.address = f"http://127.0.0.1:{self.dashboard_port}"
         # Ray's token auth stays on; this cluster gets its own token, given to the

@@ -117,38 +117,35 @@ def test_malformed_lines_end_in_errors_with_reasons_and_counts_reconcile(s3, buc
     assert (summary["rows_ok"], summary["rows_error"]) == (3, 5)
 
 
-def test_engine_actor_that_dies_is_replaced_and_its_rows_redone(s3, bucket, ray_local, tiny_models, tmp_path):
+def _job_with_a_fault(s3, bucket, tmp_path, stage_name: str, max_tokens: int) -> dict:
+    """Runs 40 HumanEval rows through a stage from `faults` that injects its fault once;
+    checks the fault happened and every row came back exactly once. Returns the summary."""
     import faults
 
     ray.cloudpickle.register_pickle_by_value(faults)
-    marker = tmp_path / "died"
-    faults.DieOnceEngineStage.marker_path = str(marker)
-    problems = _upload_humaneval(s3, f"{bucket}/die/in", num_shards=2, limit=40)
+    stage_cls = getattr(faults, stage_name)
+    marker = tmp_path / stage_name
+    stage_cls.marker_path = str(marker)
+    problems = _upload_humaneval(s3, f"{bucket}/{stage_name}/in", num_shards=2, limit=40)
     summary = run_codegen(
-        _cfg(s3, f"{bucket}/die/in", f"{bucket}/die/out", "sampling.max_tokens=8", "pool.max_requests_in_flight=8"),
-        stage_cls=faults.DieOnceEngineStage,
+        _cfg(s3, f"{bucket}/{stage_name}/in", f"{bucket}/{stage_name}/out", f"sampling.max_tokens={max_tokens}",
+             "pool.max_requests_in_flight=8"),
+        stage_cls=stage_cls,
     )
     assert marker.exists(), "the fault was never injected"
-    results = _outputs(s3, f"{bucket}/die/out", "results")
-    assert sorted(r["custom_id"] for r in results) == sorted(p["task_id"] for p in problems)
+    results = _outputs(s3, f"{bucket}/{stage_name}/out", "results")
+    assert sorted(r["custom_id"] for r in results) == sorted(p["task_id"] for p in problems)  # each exactly once
+    return summary
+
+
+def test_engine_actor_that_dies_is_replaced_and_its_rows_redone(s3, bucket, ray_local, tiny_models, tmp_path):
+    summary = _job_with_a_fault(s3, bucket, tmp_path, "DieOnceEngineStage", max_tokens=8)
     assert summary["rows_ok"] == 40 and summary["rows_error"] == 0
 
 
 def test_engine_core_that_dies_mid_job_is_rebuilt_and_no_row_is_lost_or_an_error(s3, bucket, ray_local, tiny_models,
                                                                                    tmp_path):
-    import faults
-
-    ray.cloudpickle.register_pickle_by_value(faults)
-    marker = tmp_path / "core-died"
-    faults.CoreDiesOnceEngineStage.marker_path = str(marker)
-    problems = _upload_humaneval(s3, f"{bucket}/core/in", num_shards=2, limit=40)
-    summary = run_codegen(
-        _cfg(s3, f"{bucket}/core/in", f"{bucket}/core/out", "sampling.max_tokens=16", "pool.max_requests_in_flight=8"),
-        stage_cls=faults.CoreDiesOnceEngineStage,
-    )
-    assert marker.exists(), "the fault was never injected"
-    results = _outputs(s3, f"{bucket}/core/out", "results")
-    assert sorted(r["custom_id"] for r in results) == sorted(p["task_id"] for p in problems)  # each exactly once
+    summary = _job_with_a_fault(s3, bucket, tmp_path, "CoreDiesOnceEngineStage", max_tokens=16)
     assert summary["rows_ok"] == 40 and summary["rows_error"] == 0 and summary["reconciled"]
     assert summary["engines"]["num_engine_deaths"] >= 1  # the death is reported, not hidden
 
