@@ -243,8 +243,8 @@ def stop_engine(llm, wait_s: float = 5.0) -> None:
     shutdown causes: it stops the engine core first, its output handler then reads the
     core's exit as a failure ("AsyncLLM output_handler failed ... EngineDeadError") before
     vLLM cancels it. Cancelled first (and waited for, when the caller is on another thread
-    than the engine's loop), the handler ends quietly. With requests still inside, vLLM's order stays: the handler's failure is what
-    wakes them with an error."""
+    than the engine's loop), the handler ends quietly. With requests still inside, vLLM's
+    order stays: the handler's failure is what wakes them with an error."""
     handler = getattr(llm, "output_handler", None)
     if handler is not None and not handler.done() and llm.get_num_unfinished_requests() == 0:
         _cancel_and_wait(handler, wait_s)

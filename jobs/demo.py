@@ -42,10 +42,11 @@ _AF_UNIX_MAX = 107
 def _cluster_temp_dir() -> str:
     """A temp dir of the cluster's own, under the temp dir of this process when Ray's
     socket paths fit there (a test run nests TMPDIR), else under /tmp; removed at stop."""
-    parent = tempfile.gettempdir()
-    if len(os.path.join(parent, "peagle-ray-xxxxxxxx")) + _RAY_SOCKET_TAIL > _AF_UNIX_MAX:
+    prefix, parent = "peagle-ray-", tempfile.gettempdir()
+    name_len = len(prefix) + 8  # mkdtemp appends 8 random characters
+    if len(parent) + 1 + name_len + _RAY_SOCKET_TAIL > _AF_UNIX_MAX:
         parent = "/tmp"
-    return tempfile.mkdtemp(prefix="peagle-ray-", dir=parent)
+    return tempfile.mkdtemp(prefix=prefix, dir=parent)
 
 
 class LocalRayCluster:
