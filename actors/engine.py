@@ -352,6 +352,15 @@ class Engine(EngineLifecycle):
                 raise ValueError("engine runs without speculation (restarted plain): there is no K table")
             return await self._llm.engine_core.call_utility_async(GET_METHOD)
 
+    async def step_split(self, action: str = "read") -> dict[str, Any]:
+        """Seconds per decode step spent in the target model, in drafting and in the rest,
+        by batch size, timed inside the engine core (`actors.step_split`): action "start"
+        begins (or restarts) the sums, "read" returns them, "stop" ends the timing."""
+        from actors.step_split import METHOD
+
+        async with self.admitted():
+            return await self._llm.engine_core.call_utility_async(METHOD, action)
+
     # -- introspection -----------------------------------------------------------------
 
     def stats_dict(self) -> dict[str, Any]:

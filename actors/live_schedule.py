@@ -103,10 +103,13 @@ def _describe(core: Any) -> dict[str, Any]:
 
 
 def install() -> None:
-    """vLLM general-plugin entry point: give EngineCore the two utility methods.
-    Safe to call many times and in any vLLM process."""
+    """vLLM general-plugin entry point: give EngineCore the two utility methods, and the
+    step-split one (`actors.step_split`). Safe to call many times and in any vLLM process."""
     from vllm.v1.engine.core import EngineCore
+
+    from actors import step_split
 
     if getattr(EngineCore, METHOD, None) is None:
         setattr(EngineCore, METHOD, _set_spec_schedule)
         setattr(EngineCore, GET_METHOD, _describe)
+    step_split.install()

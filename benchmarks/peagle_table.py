@@ -5,7 +5,10 @@ HumanEval prompts, greedy. Each engine config runs in its own subprocess (a fres
 our `Engine`), measuring every concurrency level in that one process, closed loop:
 `c` requests in flight at all times. Reports output tokens/s, mean acceptance length and
 per-position acceptance per cell (from vLLM's counters through `SpecDecodeStats`), the
-ratios P-EAGLE / EAGLE-3 and P-EAGLE / baseline, and saves a plot of tokens/s against K.
+ratios P-EAGLE / EAGLE-3 and P-EAGLE / baseline, and where a decode step's time goes
+(target model, drafter, everything else: `actors.step_split`, timed inside the engine
+core), and saves a plot of tokens/s against K beside the step split at the lowest
+concurrency.
 
     python -m benchmarks.peagle_table [--ks 3 7 11] [--concurrency 1 4 8] [--requests-per-level 16]
 """
@@ -33,6 +36,7 @@ def cell_overrides(method: str, k: int) -> list[str]:
 
 async def _measure(engine, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
     """Closed loop: `concurrency` requests in flight until every prompt is done."""
+    await engine.step_split("start")  # zero the engine core's sums
     before = engine.stats.as_dict()
     queue = list(enumerate(prompts))
     tokens = 0
@@ -54,12 +58,25 @@ async def _measure(engine, prompts: list[str], concurrency: int, max_tokens: int
     after_pos, before_pos = after["num_accepted_tokens_per_pos"], before["num_accepted_tokens_per_pos"]
     before_pos = before_pos + [0] * (len(after_pos) - len(before_pos))
     per_pos = [a - b for a, b in zip(after_pos, before_pos)]
+    split = (await engine.step_split("read"))["per_batch_size"]
     return {
+        "step_split_ms": mean_split_ms(split.values()),
         "tokens_per_s": tokens / elapsed,
         "output_tokens": tokens,
         "acceptance_length": 1 + accepted / drafts if drafts else None,
         "acceptance_per_pos": [round(n / drafts, 3) for n in per_pos] if drafts else [],
     }
+
+
+def mean_split_ms(cells) -> dict[str, float]:
+    """Milliseconds per decode step by phase, over every batch size the run went through
+    (each weighted by its number of steps)."""
+    cells = list(cells)
+    steps = sum(c["steps"] for c in cells)
+    if not steps:
+        return {}
+    return {phase: round(sum(c[phase] * c["steps"] for c in cells) / steps * 1e3, 3)
+            for phase in ("target", "draft", "other")}
 
 
 def run_config(method: str, k: int, concurrency: list[int], per_level: int, max_tokens: int) -> dict:
@@ -137,6 +154,12 @@ def print_table(results: dict, ks: list[int], concurrency: list[int]) -> None:
     c = str(concurrency[0])
     for col in cols[:-1]:
         print(f"  {col:>11}: {results[col][c]['acceptance_per_pos']}")
+    print(f"\nms per decode step at c={c}, timed inside the engine core: target + draft + other")
+    for col in cols:
+        split = results[col][c].get("step_split_ms") or {}
+        if split:
+            print(f"  {col:>11}: {split['target']:6.2f} + {split['draft']:6.2f} + {split['other']:6.2f}"
+                  f" = {sum(split.values()):6.2f}")
 
 
 def plot(results: dict, ks: list[int], concurrency: list[int]) -> None:
@@ -145,7 +168,7 @@ def plot(results: dict, ks: list[int], concurrency: list[int]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 2]})
     for c in map(str, concurrency):
         for method, style in (("peagle", "-o"), ("eagle3", "--s")):
             ax.plot(ks, [results[f"{method}-K{k}"][c]["tokens_per_s"] for k in ks], style,
@@ -155,6 +178,17 @@ def plot(results: dict, ks: list[int], concurrency: list[int]) -> None:
     ax.set_ylabel("output tokens/s")
     ax.set_title("Tiny model on CPU: throughput vs K (dotted: no speculation)")
     ax.legend(fontsize=7, ncol=2)
+    c = str(concurrency[0])
+    cols = ["baseline"] + [f"{m}-K{k}" for m in METHODS for k in ks]
+    bottom = [0.0] * len(cols)
+    for phase in ("target", "draft", "other"):
+        heights = [(results[col][c].get("step_split_ms") or {}).get(phase, 0.0) for col in cols]
+        bars.bar(range(len(cols)), heights, bottom=bottom, label=phase)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    bars.set_xticks(range(len(cols)), cols, rotation=45, ha="right", fontsize=7)
+    bars.set_ylabel("ms per decode step")
+    bars.set_title(f"Where a step goes at c={c} (inside the engine core)")
+    bars.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(OUT_DIR / "peagle_table.png", dpi=120)
 

@@ -43,6 +43,10 @@ class StepMeasurement:
     num_prefill_tokens: float = 0.0
     num_steps: int = 1
     drafting: str | None = None  # None: the template's; "sequential" for EAGLE-3 rows
+    # Seconds of the step by phase (`actors.step_split`): target, draft, other (the rest of
+    # the engine core's step) and between_steps (the core's loop between two steps), or
+    # None where not measured.
+    split_s: dict[str, float] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)

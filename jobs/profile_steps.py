@@ -20,6 +20,12 @@ round, each point until its two fastest runs agree within 10% (`--repeats` to
 mean of those two: a burst of load spoils a run, not a point. Points that never agreed
 are flagged in the output and the file.
 
+Every run also times its decode steps inside the engine core (`actors.step_split`): the
+target model (forward + logits), the drafter (all of its pass) and the rest of the core's
+step, and the client's step time less the core's (`between_steps`). Each point's
+`split_s` in the file is that split over its two fastest runs, and the progress lines
+print it: it tells a better head (draft) from cheaper bookkeeping (other) apart.
+
 Prompts are HumanEval's (the workload the tiny model serves). `--long-context N` adds, at
 every B, the smallest and largest K with prompts of about N tokens: without a second
 context length the per-KV-token cost cannot be told apart from the per-token cost, and
@@ -87,6 +93,9 @@ class Window:
     num_context_tokens: float  # total over the batch, at the window's middle
     num_drafts: int
     num_accepted_tokens_per_pos: tuple[int, ...]
+    # Seconds per decode step at this batch size inside the engine core, by phase
+    # (`actors.step_split`): steps, step_s, target, draft, other. None: not measured.
+    core: dict[str, float] | None = None
 
     @property
     def step_time_s(self) -> float:
@@ -156,11 +165,24 @@ async def _generate_all(engine, prompts: Sequence[str], max_tokens: int) -> list
     return results
 
 
+async def start_split(engine) -> bool:
+    """Turn on the engine core's step split; False (said once) where the engine cannot."""
+    try:
+        await engine.step_split("start")
+        return True
+    except Exception as exc:  # the engine core's refusal comes back as a plain Exception
+        print(f"no target/draft/other split on this engine: {exc}", flush=True)
+        return False
+
+
 async def timed_run(engine, prompts: Sequence[str], prompt_tokens: Sequence[int], k: int,
-                    max_tokens: int) -> Window:
-    """Run the prompts together at K and time the steps where all of them decode."""
+                    max_tokens: int, split: bool = False) -> Window:
+    """Run the prompts together at K and time the steps where all of them decode; with
+    `split`, also the engine core's split of its decode steps at this batch size."""
     if _speculating(engine):
         await engine.set_spec_schedule([[1, engine.cfg.max_num_seqs, k]])
+    if split:
+        await engine.step_split("start")  # zero the sums
     stats, signals, batch_size = engine.stats, engine.signals, len(prompts)
     base = (stats.num_prompt_tokens, stats.num_output_tokens, stats.num_drafts,
             list(stats.num_accepted_tokens_per_pos))
@@ -190,13 +212,27 @@ async def timed_run(engine, prompts: Sequence[str], prompt_tokens: Sequence[int]
         raise RuntimeError(f"B={batch_size} K={k}: decode window of {steps} steps; raise --tokens")
     accepted = list(stats.num_accepted_tokens_per_pos)
     before = base[3] + [0] * (len(accepted) - len(base[3]))
+    core = (await engine.step_split("read"))["per_batch_size"].get(str(batch_size)) if split else None
     return Window(
         num_steps=last[0] - first[0],
         seconds=last[1] - first[1],
         num_context_tokens=total_prompt_tokens + (first[2] + last[2]) / 2,
         num_drafts=stats.num_drafts - base[2],
         num_accepted_tokens_per_pos=tuple(a - b for a, b in zip(accepted, before)),
+        core=core,
     )
+
+
+def split_of(step_time_s: float, windows: Sequence[Window]) -> dict[str, float] | None:
+    """A point's step split: the engine core's target, draft and other seconds per decode
+    step (mean over `windows`), and between_steps = the client's step time less the core's
+    step (the core's loop between two steps: output to the client, input from it)."""
+    cores = [w.core for w in windows if w.core]
+    if not cores:
+        return None
+    mean = {key: statistics.fmean(c[key] for c in cores) for key in ("target", "draft", "other", "step_s")}
+    return {"target": mean["target"], "draft": mean["draft"], "other": mean["other"],
+            "between_steps": max(0.0, step_time_s - mean["step_s"])}
 
 
 def summarize(point: Point, windows: Sequence[Window]):
@@ -204,11 +240,12 @@ def summarize(point: Point, windows: Sequence[Window]):
     from control.calibration import StepMeasurement
 
     best = sorted(windows, key=lambda w: w.step_time_s)[:2]
+    step_time_s = statistics.fmean(w.step_time_s for w in best)
     return StepMeasurement(
         batch_size=point.batch_size, num_speculative_tokens=point.num_speculative_tokens,
-        step_time_s=statistics.fmean(w.step_time_s for w in best),
+        step_time_s=step_time_s,
         num_context_tokens=round(statistics.fmean(w.num_context_tokens for w in best), 1),
-        num_prefill_tokens=0.0, num_steps=sum(w.num_steps for w in best))
+        num_prefill_tokens=0.0, num_steps=sum(w.num_steps for w in best), split_s=split_of(step_time_s, best))
 
 
 async def profile(engine, points: Sequence[Point], max_tokens: int, min_repeats: int, max_repeats: int,
@@ -231,6 +268,7 @@ async def profile(engine, points: Sequence[Point], max_tokens: int, min_repeats:
         prompts["long"] = long_prompts(max_b, long_context, chars_per_token)
         tokens["long"] = [r["num_prompt_tokens"] for r in await _generate_all(engine, prompts["long"], WARMUP_TOKENS)]
     _check_fits(engine, max_b, max(max(t) for t in tokens.values()), max_tokens, max(ks))
+    split = await start_split(engine)
 
     windows: dict[Point, list[Window]] = {p: [] for p in points}
     todo, rounds, started = list(points), 0, time.monotonic()
@@ -241,7 +279,7 @@ async def profile(engine, points: Sequence[Point], max_tokens: int, min_repeats:
         for p in todo[shift:] + todo[:shift]:
             b = p.batch_size
             windows[p].append(await timed_run(engine, prompts[p.variant][:b], tokens[p.variant][:b],
-                                              p.num_speculative_tokens, max_tokens))
+                                              p.num_speculative_tokens, max_tokens, split))
         rounds += 1
         out_of_time = time.monotonic() - started > budget_s
         done = [p for p in todo if rounds >= min_repeats
@@ -285,6 +323,12 @@ def _check_fits(engine, batch_size: int, prompt_tokens: int, max_tokens: int, k:
                          "lower --batch-sizes, --tokens or --long-context")
 
 
+def split_text(split: dict[str, float] | None) -> str:
+    if not split:
+        return ""
+    return " (" + " + ".join(f"{key} {split[key] * 1e3:.2f}" for key in ("target", "draft", "other", "between_steps")) + ")"
+
+
 def _times(windows: Sequence[Window]) -> list[float]:
     return [w.step_time_s for w in windows]
 
@@ -296,7 +340,8 @@ def _progress_line(p: Point, windows: Sequence[Window]) -> str:
     verdict = "agree within" if settled(times) else "NOT SETTLED, differ by"
     return (f"B={p.batch_size:3d} K={p.num_speculative_tokens} {p.variant:8s} "
             f"context/req {m.num_context_tokens / p.batch_size:5.0f}: {m.step_time_s * 1e3:7.2f} ms/step "
-            f"(fastest 2 of {len(times)} {verdict} {spread}; slowest {times[-1] * 1e3:.1f} ms)")
+            f"(fastest 2 of {len(times)} {verdict} {spread}; slowest {times[-1] * 1e3:.1f} ms)"
+            f"{split_text(m.split_s)}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -341,12 +386,13 @@ def measure_plain(cfg: AppConfig, args) -> list:
         await spec.set_spec_schedule([[1, spec.cfg.max_num_seqs, 0]])
         tokens = [r["num_prompt_tokens"] for r in await _generate_all(spec, prompts, WARMUP_TOKENS)]
         await _generate_all(plain, prompts, WARMUP_TOKENS)
+        split = {"spec": await start_split(spec), "plain": await start_split(plain)}
         runs: dict[tuple[int, str], list[Window]] = {}
         for _ in range(args.max_repeats):
             for b in args.batch_sizes:
                 for name, engine in (("spec", spec), ("plain", plain)):
                     runs.setdefault((b, name), []).append(
-                        await timed_run(engine, prompts[:b], tokens[:b], 0, args.tokens))
+                        await timed_run(engine, prompts[:b], tokens[:b], 0, args.tokens, split[name]))
         return runs
 
     try:
@@ -357,8 +403,9 @@ def measure_plain(cfg: AppConfig, args) -> list:
     out = []
     for p in points:
         with_drafter, without = summarize(p, runs[(p.batch_size, "spec")]), summarize(p, runs[(p.batch_size, "plain")])
-        print(f"side by side at B={p.batch_size:3d}, K=0: {with_drafter.step_time_s * 1e3:6.2f} ms with the drafter, "
-              f"{without.step_time_s * 1e3:6.2f} ms without", flush=True)
+        print(f"side by side at B={p.batch_size:3d}, K=0: {with_drafter.step_time_s * 1e3:6.2f} ms with the drafter"
+              f"{split_text(with_drafter.split_s)}, {without.step_time_s * 1e3:6.2f} ms without"
+              f"{split_text(without.split_s)}", flush=True)
         out.append((replace(without, drafting="none"), with_drafter))
     return out
 

@@ -4,7 +4,8 @@ Runs the job as a user would (its own process: the engine core is spawned from i
 a small grid, and reads the file back with `control.calibration.load_calibration`, the
 way the speculation controller does. Asserts what a user of the file relies on, not
 timings: every point measured, the fit positive and drafting dearer than not drafting,
-the engine's limits and the head's acceptance recorded. ≈ 30-60 s on 2 cores.
+the engine's limits and the head's acceptance recorded, and where each step's time goes
+(target, draft, other). ≈ 30-60 s on 2 cores.
 """
 
 import subprocess
@@ -91,3 +92,19 @@ def test_a_plain_engine_is_measured_beside_the_speculating_one(profiled):
             plain.batch_size, 0, plain.num_context_tokens)
     assert cal.cost.k0_draft_fixed_s >= 0 and cal.cost.k0_draft_per_req_s >= 0
     assert "with the drafter" in stdout and "what a plain engine saves" in stdout
+
+
+def test_each_point_says_where_its_step_goes(profiled):
+    # The engine core's split of a decode step: the target model and the rest at every
+    # point; the drafter at every point of the speculating engine, K=0 included (vLLM runs
+    # the drafter's first pass there too: what a plain engine saves), and never on the
+    # plain engine, whose steps carry no drafter at all.
+    cal, stdout, _ = profiled
+    for m in cal.measurements:
+        split = m.split_s
+        assert set(split) == {"target", "draft", "other", "between_steps"}
+        assert split["target"] > 0 and split["draft"] > 0 and split["other"] >= 0 and split["between_steps"] >= 0
+    for plain, with_drafter in k0_pairs(cal.plain_measurements):
+        assert plain.split_s["target"] > 0 and plain.split_s["draft"] == 0
+        assert with_drafter.split_s["draft"] > 0
+    assert stdout.count("+ draft") >= len(cal.measurements)
