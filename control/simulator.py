@@ -144,7 +144,7 @@ def simulate(policy: SpecPolicy, phases: Sequence[Phase], pool: PoolConfig) -> S
             start_step(rep, now)
 
     def start_step(rep, now):
-        budget, kv_used = pool.max_num_batched_tokens, int(np.sum(rep.context)) + lookahead * len(rep.context)
+        budget, kv_used = pool.max_num_batched_tokens, int(rep.context.sum()) + lookahead * len(rep.context)
         new = []
         while rep.waiting and len(rep.remaining) + len(new) < pool.max_num_seqs:
             w, ctx, rem = rep.waiting[0]
@@ -166,7 +166,7 @@ def simulate(policy: SpecPolicy, phases: Sequence[Phase], pool: PoolConfig) -> S
             rep.drafts[:k] += n_dec
             rep.accepted[:k] += np.bincount(acc, minlength=k + 1)[::-1].cumsum()[::-1][1:k + 1]
         prefill = sum(c for _, c, _ in new)
-        ctx_total = float(np.sum(rep.context))
+        ctx_total = float(rep.context.sum())
         dt = pool.cost.step_time_s(n_dec, k, ctx_total, prefill) * float(rng.lognormal(0.0, pool.step_time_noise))
         if n_dec:
             s = rep.samples.setdefault((n_dec, k), [0, 0.0, 0.0, 0.0])
@@ -188,14 +188,14 @@ def simulate(policy: SpecPolicy, phases: Sequence[Phase], pool: PoolConfig) -> S
         rep.remaining = rep.remaining - emitted
         rep.context = rep.context + emitted
         if now >= pool.warmup_s:
-            res.num_output_tokens += int(np.sum(emitted))
-            res.phase_output_tokens[min(int(np.searchsorted(ends, now, side="right")), len(phases) - 1)] += int(np.sum(emitted))
-        while len(rep.context) and int(np.sum(rep.context)) + lookahead * len(rep.context) > pool.kv_capacity_tokens:
+            res.num_output_tokens += int(emitted.sum())
+            res.phase_output_tokens[min(int(np.searchsorted(ends, now, side="right")), len(phases) - 1)] += int(emitted.sum())
+        while len(rep.context) and int(rep.context.sum()) + lookahead * len(rep.context) > pool.kv_capacity_tokens:
             rep.waiting.appendleft((int(rep.widx[-1]), int(rep.context[-1]), int(rep.remaining[-1])))
             rep.widx, rep.context, rep.remaining = rep.widx[:-1], rep.context[:-1], rep.remaining[:-1]
             res.num_preemptions += 1
         done = rep.remaining <= 0
-        n_done = int(np.sum(done))
+        n_done = int(done.sum())
         if n_done:
             keep = ~done
             rep.widx, rep.context, rep.remaining = rep.widx[keep], rep.context[keep], rep.remaining[keep]
@@ -213,7 +213,7 @@ def simulate(policy: SpecPolicy, phases: Sequence[Phase], pool: PoolConfig) -> S
                             for (b, k), (n, t, p, c) in sorted(rep.samples.items()))
             signals.append(ReplicaSignals(
                 replica_id=rep.id, num_running_reqs=len(rep.remaining), num_waiting_reqs=len(rep.waiting),
-                kv_cache_usage=float(np.sum(rep.context) + lookahead * len(rep.context)) / pool.kv_capacity_tokens,
+                kv_cache_usage=float(rep.context.sum() + lookahead * len(rep.context)) / pool.kv_capacity_tokens,
                 num_drafts_per_pos=tuple(int(x) for x in rep.drafts),
                 num_accepted_per_pos=tuple(int(x) for x in rep.accepted), step_samples=samples,
                 mean_context_tokens_per_req=float(np.mean(rep.context)) if len(rep.context) else 0.0))
