@@ -4,10 +4,12 @@ Starts a local S3 server (moto, 127.0.0.1) and a local Ray cluster (`ray start -
 loopback only, its own temp dir and ports), uploads HumanEval's 164 prompts as a few
 JSONL shards, submits `jobs.codegen` with `ray job submit --working-dir .`, streams its
 logs, prints the summary and sample completions, then submits `jobs.score_code` on the
-completions (sandboxed HumanEval tests) and prints pass@1 next to the acceptance length;
-finally stops everything it started.
+completions (sandboxed HumanEval tests) and prints pass@1 next to the acceptance length,
+submits `jobs.spec_gain` (a few prompts one at a time with and without speculation) and
+prints what speculation bought next to the acceptance length; finally stops everything it
+started.
 
-    python -m jobs.demo [--limit N] [--shards 4] [--config tiny] [a.b=value ...]
+    python -m jobs.demo [--limit N] [--shards 4] [--config tiny] [--no-score] [--no-gain] [a.b=value ...]
 """
 
 from __future__ import annotations
@@ -121,9 +123,9 @@ def upload_humaneval(s3: LocalS3, prefix: str, num_shards: int, limit: int | Non
 
 
 def submit(cluster: LocalRayCluster, job_args: list[str], env: dict[str, str],
-           module: str = "jobs.codegen") -> bool:
+           module: str = "jobs.codegen", logs_out: list[str] | None = None) -> bool:
     """`ray job submit` (retried while the fresh cluster's job agent comes up), then
-    follow its logs; True if the job succeeded."""
+    follow its logs (into `logs_out` instead, when given); True if the job succeeded."""
     ray_bin = str(Path(sys.executable).with_name("ray"))
     cli_env = {**os.environ, **cluster.auth_env}
     job_id = f"{module.rsplit('.', 1)[-1]}-{int(time.time())}"
@@ -140,8 +142,10 @@ def submit(cluster: LocalRayCluster, job_args: list[str], env: dict[str, str],
             print(proc.stderr[-2000:], file=sys.stderr)
             return False
         time.sleep(3)
-    subprocess.run([ray_bin, "job", "logs", f"--address={cluster.address}", "--follow", job_id],
-                   cwd=REPO_ROOT, env=cli_env)
+    logs = subprocess.run([ray_bin, "job", "logs", f"--address={cluster.address}", "--follow", job_id],
+                          cwd=REPO_ROOT, env=cli_env, capture_output=logs_out is not None, text=True)
+    if logs_out is not None:
+        logs_out.append(logs.stdout)
     status = subprocess.run([ray_bin, "job", "status", f"--address={cluster.address}", job_id],
                             cwd=REPO_ROOT, env=cli_env, capture_output=True, text=True).stdout
     return f"Job '{job_id}' succeeded" in status
@@ -153,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None, help="first N HumanEval problems")
     p.add_argument("--shards", type=int, default=4)
     p.add_argument("--no-score", action="store_true", help="skip the sandboxed pass@k scoring job")
+    p.add_argument("--no-gain", action="store_true",
+                   help="skip measuring what speculation buys (jobs.spec_gain, about 30 s here)")
     p.add_argument("overrides", nargs="*", metavar="a.b=value")
     args = p.parse_args(argv)
 
@@ -187,19 +193,44 @@ def main(argv: list[str] | None = None) -> int:
                 scored = score_and_report(
                     s3.endpoint_url, output, f"s3://{BUCKET}/scores", print_report=False,
                     run_job=lambda a: submit(cluster, a, dict(CREDENTIALS), module="jobs.score_code"))
+            gain = None
+            if ok and not args.no_gain and speculating(args):
+                gain = speculation_gain(cluster, job_args)
         finally:
             cluster.stop()
         if not ok:
             print("the codegen job did not succeed", file=sys.stderr)
             return 1
-        show_outputs(s3, output)
+        if gain is None and not args.no_gain and speculating(args):
+            print("the speculation gain job did not succeed (its log is above)", file=sys.stderr)
+            return 1
+        show_outputs(s3, output, gain)
         if scored is not None:
             print(scored["report"])
     print(f"demo finished in {time.monotonic() - started:.0f}s; stopped local Ray and S3")
     return 0
 
 
-def show_outputs(s3: LocalS3, output: str) -> None:
+def speculating(args) -> bool:
+    from configs import load_config
+
+    return load_config(args.config, args.overrides).engine.spec.method != "none"
+
+
+def speculation_gain(cluster: LocalRayCluster, job_args: list[str]) -> str | None:
+    """Submit `jobs.spec_gain` with the codegen job's config; its report line, or None
+    (log printed) when it failed, e.g. greedy outputs that speculation changed."""
+    logs: list[str] = []
+    ok = submit(cluster, [*job_args, "--prompts", "8", "--max-tokens", "64"], dict(CREDENTIALS),
+                module="jobs.spec_gain", logs_out=logs)
+    line = next((ln for ln in "".join(logs).splitlines() if ln.startswith("speculation at concurrency 1")), None)
+    if not ok or line is None:
+        print("".join(logs)[-3000:], file=sys.stderr)
+        return None
+    return line
+
+
+def show_outputs(s3: LocalS3, output: str, gain: str | None = None) -> None:
     fs = s3.filesystem()
     root = output[len("s3://"):]
     summary = json.loads(fs.cat_file(f"{root}/_summary.json"))
@@ -213,6 +244,8 @@ def show_outputs(s3: LocalS3, output: str) -> None:
     print(f"speculation {spec['method']} K={spec['num_speculative_tokens']} | mean acceptance length "
           f"{length:.2f} | per position {spec['acceptance_per_pos']}" if length else
           f"speculation {spec['method']}: no drafts")
+    if gain:
+        print(gain)
     first = sorted(fs.find(f"{root}/results"))[0]
     line = json.loads(fs.cat_file(first).decode().splitlines()[0])
     print(f"\n=== sample: {line['custom_id']} ===\n{line['response']['body']['choices'][0]['text'][:400]}")
