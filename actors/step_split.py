@@ -115,7 +115,7 @@ def _start(core: Any) -> None:
         core._peagle_split["sums"].clear()
         return
     clock = _Clock(_sync_for(runner))
-    state: dict[str, Any] = {"sums": {}, "clock": clock, "last": None, "wrapped": []}
+    state: dict[str, Any] = {"sums": {}, "last": None, "wrapped": []}
     sched = core.scheduler
 
     def wrap(obj: Any, name: str, make: Callable[[Callable], Callable]) -> None:

@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tiny = default_artifacts_dir()
     ensure_built(tiny)
+    measure_gain = not args.no_gain and speculating(args)
     started = time.monotonic()
     with LocalS3() as s3:
         s3.create_bucket(BUCKET)
@@ -194,14 +195,14 @@ def main(argv: list[str] | None = None) -> int:
                     s3.endpoint_url, output, f"s3://{BUCKET}/scores", print_report=False,
                     run_job=lambda a: submit(cluster, a, dict(CREDENTIALS), module="jobs.score_code"))
             gain = None
-            if ok and not args.no_gain and speculating(args):
+            if ok and measure_gain:
                 gain = speculation_gain(cluster, job_args)
         finally:
             cluster.stop()
         if not ok:
             print("the codegen job did not succeed", file=sys.stderr)
             return 1
-        if gain is None and not args.no_gain and speculating(args):
+        if gain is None and measure_gain:
             print("the speculation gain job did not succeed (its log is above)", file=sys.stderr)
             return 1
         show_outputs(s3, output, gain)
