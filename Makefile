@@ -25,8 +25,8 @@ artifacts/tiny/build_info.json: $(STAMP)
 demo: install
 	$(PY) -m jobs.demo
 
-serve: install
-	.venv/bin/serve run configs/serve/tiny.yaml
+serve: install  # Serve's throughput-optimized mode (serving/serve_env.py): replicas also answer on :8001+
+	$(PY) -m serving.serve_env .venv/bin/serve run configs/serve/tiny.yaml
 
 test: install
 	$(PY) -m pytest -q

@@ -59,7 +59,7 @@ def knobs(cfg: AppConfig, num_shards: int) -> dict[str, dict[str, Any]]:
                          "batch_size": RAY_DATA_LLM_BATCH_SIZE,
                          "max_concurrent_batches": RAY_DATA_LLM_MAX_CONCURRENT_BATCHES,
                          "max_pending_requests": "default: ceil(1.1 * max_num_seqs)",
-                         "placement_group_config": _ray_data_llm_bundles(cfg),
+                         "placement_group_config": ray_data_llm_bundles(cfg),
                          "stages": "engine only (chat_template, tokenize, detokenize off)",
                          "input_blocks": num_shards, "ray_num_cpus": RAY_NUM_CPUS},
     }
@@ -169,7 +169,7 @@ def _ray_data_llm_concurrency(cfg: AppConfig) -> int | tuple[int, int]:
     return pool.max_actors if pool.min_actors == pool.max_actors else (pool.min_actors, pool.max_actors)
 
 
-def _ray_data_llm_bundles(cfg: AppConfig) -> dict[str, Any]:
+def ray_data_llm_bundles(cfg: AppConfig) -> dict[str, Any]:
     # Its engine stage asks for a GPU unless told otherwise; on CPU give the same
     # CPUs our engine actors reserve.
     if cfg.pool.device == "cpu":
@@ -193,7 +193,7 @@ def run_ray_data_llm(cfg: AppConfig, prompts: list[tuple[str, str]], args) -> di
             batch_size=RAY_DATA_LLM_BATCH_SIZE,
             max_concurrent_batches=RAY_DATA_LLM_MAX_CONCURRENT_BATCHES,
             concurrency=_ray_data_llm_concurrency(cfg),
-            placement_group_config=_ray_data_llm_bundles(cfg),
+            placement_group_config=ray_data_llm_bundles(cfg),
             chat_template_stage=False,
             tokenize_stage=False,
             detokenize_stage=False,

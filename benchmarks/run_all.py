@@ -17,6 +17,7 @@ BENCHMARKS = [
     "benchmarks.codegen_throughput",
     "benchmarks.peagle_table",
     "benchmarks.online_vs_batch",
+    "benchmarks.serve_overhead",
     "benchmarks.controller_sim",
     "benchmarks.controller_live",
     "benchmarks.memory_flat",

@@ -35,8 +35,14 @@ def metrics_port() -> int:
 
 @pytest.fixture(scope="session")
 def ray_local(s3, metrics_port):
-    # S3 first: its credentials are in os.environ before Ray's workers inherit it.
+    # S3 first: its credentials are in os.environ before Ray's workers inherit it. Serve in
+    # the mode the app ships with (serving.serve_env), replicas' own ports on free ports.
     import ray
+
+    from jobs.local_s3 import _free_port
+    from serving.serve_env import serve_env
+
+    os.environ.update(serve_env(first_http_port=_free_port(), first_grpc_port=_free_port()))
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
              _metrics_export_port=metrics_port)

@@ -67,6 +67,36 @@ def test_openai_client_gets_completions_and_chat_streamed_and_not_with_usage(cli
     assert chat_chunks[-1].usage.completion_tokens == 4
 
 
+def _replica_port() -> int:
+    """The replica's own HTTP port (Serve's direct ingress, serving.serve_env): the port in
+    the range the tests gave Serve that answers our /ready."""
+    from serving.serve_env import DIRECT_PORT_RANGE_VARS
+
+    first, last = (int(os.environ[name]) for name in DIRECT_PORT_RANGE_VARS)
+    for port in range(first, last + 1):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=10).json().get("ready"):
+                return port
+        except (httpx.HTTPError, ValueError):
+            continue
+    raise AssertionError(f"no replica answers /ready on ports {first}..{last}")
+
+
+def test_the_replica_answers_on_its_own_port_with_the_same_guards(app_url):
+    direct = f"http://127.0.0.1:{_replica_port()}"
+    body = {"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 7, "temperature": 0}
+    refused = httpx.post(f"{direct}/v1/completions", json=body, timeout=60)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    served = httpx.post(f"{direct}/v1/completions", json=body, timeout=120,
+                        headers={"Authorization": f"Bearer {API_KEY}"})
+    assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 7
+    via_proxy = httpx.post(f"{app_url}/v1/completions", json=body, timeout=120,
+                           headers={"Authorization": f"Bearer {API_KEY}"})
+    # one replica, greedy: both doors reach the same engine
+    assert served.headers["x-peagle-replica-pid"] == via_proxy.headers["x-peagle-replica-pid"]
+    assert served.json()["choices"][0]["text"] == via_proxy.json()["choices"][0]["text"]
+
+
 @pytest.mark.parametrize(
     "path, body, status, mentions",
     [
