@@ -6,8 +6,8 @@ greedy, `ignore_eos`) at four loads: max-concurrency 1, a fixed request rate, ma
 16 and everything at once. Servers:
 
 - `project-direct`: our Serve app (`serving.app`) with Serve's throughput-optimized mode
-  (`SERVE_FAST_ENV`: direct ingress, gRPC between Serve processes, user code on the replica's
-  main loop), the client talking to the replica's own HTTP port.
+  (`serving.serve_env`, as `make serve` ships it: direct ingress, gRPC between Serve processes,
+  user code on the replica's main loop), the client talking to the replica's own HTTP port.
 - `project-proxy`: our Serve app with Serve's defaults, through Serve's HTTP proxy.
 - `vllm-serve`: `vllm serve` with its default process layout (API server, engine core and
   worker processes) and thread count.
@@ -22,7 +22,7 @@ Also measured per server and load: CPU seconds the server's whole process tree s
 output token (where the time goes: what a front end burns is taken from the engine on a
 CPU-bound host). Writes out/bench/serve_overhead.{json,md,png}.
 
-    python -m benchmarks.serve_overhead [--servers project,vllm-serve-inproc] [--num-prompts 200]
+    python -m benchmarks.serve_overhead [--servers project-direct,vllm-serve-inproc] [--num-prompts 200]
 
 `vllm bench serve` runs through `benchmarks.vllm_cli` (the CPU wheel's `vllm` script fails).
 """
@@ -41,6 +41,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from serving.serve_env import serve_env
+
 OUT_DIR = Path("out/bench")
 MODEL_NAME = "tiny"
 START_TIMEOUT_S = 600.0
@@ -54,9 +56,6 @@ LOADS: dict[str, tuple[list[str], float]] = {
 }
 SERVERS = ["project-direct", "project-proxy", "vllm-serve-inproc", "vllm-serve-inproc-all-cores", "vllm-serve",
            "ray-serve-llm"]
-# Serve's throughput-optimized mode. Serve reads these at import in every Ray process
-# (controller, proxy, replica), so they go into the environment before Ray starts.
-SERVE_FAST_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 
 
 def engine_kwargs(config: str, overrides: list[str]) -> dict[str, Any]:
@@ -105,11 +104,11 @@ def server_command(name: str, port: int, args) -> tuple[list[str], dict[str, str
                *vllm_serve_args(engine_kwargs(args.config, args.override)),
                "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log"]
         return cmd, env
+    shipped = serve_env(first_http_port=args.direct_port)  # the replica's own port: the range's first
+    for key in shipped:
+        env.pop(key, None)
     if name == "project-direct":
-        env.update(SERVE_FAST_ENV)
-        # the replica's own HTTP port: the first of Serve's direct-ingress range
-        env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] = str(args.direct_port)
-        env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] = str(args.direct_port + 8)
+        env.update(shipped)
     cmd = [sys.executable, "-m", "benchmarks.serve_overhead", "--host-server", name, "--port", str(port),
            "--config", args.config, *[f"--override={o}" for o in args.override]]
     return cmd, env
@@ -346,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = OUT_DIR / "serve_overhead"
     out_dir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if k not in ("host_server", "port", "direct_port")},
-                              "serve_fast_env": SERVE_FAST_ENV, "servers": {}, "errors": {}}
+                              "serve_env": serve_env(), "servers": {}, "errors": {}}
     for name in servers:
         try:
             report["servers"][name] = run_server(name, args, out_dir)
