@@ -88,7 +88,7 @@ def vllm_serve_args(kwargs: dict[str, Any]) -> list[str]:
     return args
 
 
-def server_command(name: str, port: int, args) -> tuple[list[str], dict[str, str]]:
+def server_command(name: str, port: int, direct_port: int, args) -> tuple[list[str], dict[str, str]]:
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
     if name.startswith("vllm-serve"):
@@ -97,14 +97,11 @@ def server_command(name: str, port: int, args) -> tuple[list[str], dict[str, str
         else:
             env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         if name == "vllm-serve-inproc":
-            from configs import load_config
-
-            env["OMP_NUM_THREADS"] = str(max(1, int(load_config(args.config, args.override).pool.cpus_per_actor)))
-        cmd = [sys.executable, "-m", "benchmarks.vllm_cli", "serve",
-               *vllm_serve_args(engine_kwargs(args.config, args.override)),
+            env["OMP_NUM_THREADS"] = str(max(1, int(args.cfg.pool.cpus_per_actor)))
+        cmd = [sys.executable, "-m", "benchmarks.vllm_cli", "serve", *vllm_serve_args(args.engine_kwargs),
                "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log"]
         return cmd, env
-    shipped = serve_env(first_http_port=args.direct_port)  # the replica's own port: the range's first
+    shipped = serve_env(first_http_port=direct_port)  # the replica's own port: the range's first
     for key in shipped:
         env.pop(key, None)
     if name == "project-direct":
@@ -227,7 +224,7 @@ def stop_server(proc: subprocess.Popen) -> None:
 def run_load(url: str, load: str, num_prompts: int, args, out: Path, server_pid: int) -> dict[str, Any]:
     extra, _ = LOADS[load]
     cmd = [sys.executable, "-m", "benchmarks.vllm_cli", "bench", "serve", "--backend", "openai",
-           "--base-url", url, "--model", MODEL_NAME, "--tokenizer", engine_kwargs(args.config, args.override)["model"],
+           "--base-url", url, "--model", MODEL_NAME, "--tokenizer", args.engine_kwargs["model"],
            "--dataset-name", "random", "--random-input-len", str(args.input_len),
            "--random-output-len", str(args.output_len), "--num-prompts", str(num_prompts),
            "--ignore-eos", "--temperature", "0", "--seed", "0", "--disable-tqdm",
@@ -252,10 +249,9 @@ def run_load(url: str, load: str, num_prompts: int, args, out: Path, server_pid:
 def run_server(name: str, args, out_dir: Path) -> dict[str, Any]:
     from jobs.local_s3 import _free_port
 
-    port = _free_port()
-    args.direct_port = _free_port()
-    url = f"http://127.0.0.1:{args.direct_port if name == 'project-direct' else port}"
-    cmd, env = server_command(name, port, args)
+    port, direct_port = _free_port(), _free_port()
+    url = f"http://127.0.0.1:{direct_port if name == 'project-direct' else port}"
+    cmd, env = server_command(name, port, direct_port, args)
     log_path = out_dir / f"{name}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -338,13 +334,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.host_server:
         host_server(args.host_server, args.port, args.config, args.override)
         return 0
+    from configs import load_config
+
+    args.cfg = load_config(args.config, args.override)  # loaded once: every server and load reads it
+    args.engine_kwargs = engine_kwargs(args.config, args.override)
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     unknown = [s for s in servers if s not in SERVERS]
     if unknown:
         p.error(f"unknown server(s) {unknown}; choose from {SERVERS}")
     out_dir = OUT_DIR / "serve_overhead"
     out_dir.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if k not in ("host_server", "port", "direct_port")},
+    report: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if k not in ("host_server", "port", "cfg", "engine_kwargs")},
                               "serve_env": serve_env(), "servers": {}, "errors": {}}
     for name in servers:
         try:
