@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_DIR = Path(__file__).resolve().parent.parent / "configs" / "calibration"
 RECENT_CHANGES = 20
 # The K / batch-size timeline (`state()["timeline"]`, plotted next to a job's summary) keeps
 # at most this many points over the engine's whole life: when full, every other point goes
@@ -49,27 +48,15 @@ OFF_ADVICE = ("this engine still runs the drafter's first forward pass on every 
               "replica started without speculation (engine.spec.method: none) serves it faster")
 
 
-def calibration_path(name_or_path: str) -> Path:
-    """A calibration file: a path, or a name under configs/calibration."""
-    path = Path(name_or_path)
-    if path.suffix == ".json" and path.exists():
-        return path
-    shipped = CALIBRATION_DIR / f"{name_or_path}.json"
-    if shipped.exists():
-        return shipped
-    names = sorted(p.stem for p in CALIBRATION_DIR.glob("*.json") if not p.stem.endswith(".residuals"))
-    raise ValueError(f"spec.controller.calibration={name_or_path!r} is neither a .json file nor one of {names}")
-
-
 def controller_config(engine: EngineConfig, kv_capacity_tokens: int | None = None) -> "ControllerConfig":
     """The policy's config for this engine: its K_max, batch limit and KV size, the
     calibrated step cost, and the settings from `engine.spec.controller`."""
-    from control.calibration import load_calibration
+    from control.calibration import calibration_file, load_calibration
     from configs.vllm_args import live_k_values
     from control.policy import ControllerConfig
 
     settings: SpecControllerConfig = engine.spec.controller
-    cal = load_calibration(calibration_path(settings.calibration))
+    cal = load_calibration(calibration_file(settings.calibration, "spec.controller.calibration"))
     k_max = engine.spec.num_speculative_tokens
     prior = list(settings.acceptance_prior or cal.acceptance_per_pos or [0.5])
     prior = (prior + [prior[-1]] * k_max)[:k_max]

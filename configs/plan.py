@@ -1,7 +1,10 @@
 """Resource plan: how many engine actors, what each holds, and how they pack onto nodes.
 
 Pure arithmetic over `AppConfig`; printed by `--dry-run` and used to set each actor's
-Ray resources, so the plan shown is the plan run.
+Ray resources, so the plan shown is the plan run. Given the work (rows x output tokens),
+`resource_plan` also estimates, from the pool's step-cost calibration, what one engine
+delivers and how long the work takes, and with `pool.deadline_hours` sizes the pool's max
+to the engines the deadline needs (`control.capacity` does the arithmetic).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from configs.schema import AppConfig
+from configs.schema import AppConfig, SpecConfig
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,8 @@ class ResourcePlan:
     accelerator_type: str | None
     actors_per_node: int | None
     nodes_for_max_actors: int | None
+    # On paper, for the work the plan was made for (None: no work given, or no calibration).
+    capacity: dict[str, Any] | None = None
 
     def ray_actor_options(self) -> dict[str, Any]:
         """Resources one engine actor requests from Ray."""
@@ -47,21 +52,87 @@ class ResourcePlan:
                 f"; {self.actors_per_node} actors per {self.accelerator_type or 'GPU'} node, "
                 f"{self.nodes_for_max_actors} node(s) at max"
             )
+        if self.capacity is not None:
+            line += f"; on paper ({self.capacity['calibration']}): {self.capacity['reason']}"
         return line
 
 
-def resource_plan(cfg: AppConfig) -> ResourcePlan:
+def resource_plan(cfg: AppConfig, num_rows: int | None = None) -> ResourcePlan:
+    """The plan for `cfg`; with `num_rows` (the rows a job has to run) also its capacity
+    estimate, and the pool sized to `pool.deadline_hours` where one is set."""
     pool, tp = cfg.pool, cfg.engine.tensor_parallel_size
     gpus = tp if pool.device == "gpu" else 0
     per_node = pool.gpus_per_node // gpus if gpus and pool.gpus_per_node else None
+    low, top, capacity = pool.min_actors, pool.max_actors, None
+    if num_rows is not None:
+        capacity = capacity_estimate(cfg, num_rows)
+        if capacity is not None:
+            low, top = capacity["min_actors"], capacity["max_actors"]
     return ResourcePlan(
         device=pool.device,
-        min_actors=pool.min_actors,
-        max_actors=pool.max_actors,
+        min_actors=low,
+        max_actors=top,
         cpus_per_actor=pool.cpus_per_actor,
         gpus_per_actor=gpus,
         tensor_parallel_size=tp,
         accelerator_type=pool.accelerator_type,
         actors_per_node=per_node,
-        nodes_for_max_actors=math.ceil(pool.max_actors / per_node) if per_node else None,
+        nodes_for_max_actors=math.ceil(top / per_node) if per_node else None,
+        capacity=capacity,
     )
+
+
+def _k_choices(spec: SpecConfig, max_num_seqs: int) -> tuple[list[int], int, bool]:
+    """(K values an engine of this spec may run at full batch, its start-up K, whether a
+    plain engine is one of its options)."""
+    if spec.method == "none":
+        return [], 0, True
+    k = spec.num_speculative_tokens or 0
+    if spec.controller is not None:
+        return list(range(k + 1)), k, spec.controller.replacement.enabled
+    if spec.schedule:
+        return [next(kk for lo, hi, kk in spec.schedule if lo <= max_num_seqs <= hi)], k, False
+    return [k], k, False
+
+
+def capacity_estimate(cfg: AppConfig, num_rows: int) -> dict[str, Any] | None:
+    """What the pool's calibration says about `num_rows` rows: one engine's tokens/s kept
+    full, the pool's bounds (sized to the deadline where one is set) and the hours at each.
+    None where the config names no calibration."""
+    from control.calibration import calibration_file, load_calibration
+    from control.capacity import batch_pool_size, full_engine_throughput
+
+    if num_rows < 0:
+        raise ValueError(f"num_rows must be >= 0, got {num_rows!r}")
+    name = cfg.capacity_calibration()
+    if name is None:
+        return None
+    cal = load_calibration(calibration_file(name, "pool.calibration"))
+    per_row = cfg.pool.output_tokens_per_row or cfg.sampling.max_tokens
+    k_choices, start_k, plain = _k_choices(cfg.engine.spec, cfg.engine.max_num_seqs)
+    engine = full_engine_throughput(
+        cal.cost, cal.acceptance_per_pos, k_choices, start_k=start_k,
+        max_num_seqs=cfg.engine.max_num_seqs, kv_capacity_tokens=cal.kv_capacity_tokens,
+        # a running request's context, averaged over its decode: half its output (prompts unknown here)
+        num_context_tokens_per_req=per_row / 2, plain_engine=plain)
+    deadline_h = cfg.pool.deadline_hours
+    size = batch_pool_size(num_rows * per_row, engine.tokens_per_s, min_actors=cfg.pool.min_actors,
+                           max_actors=cfg.pool.max_actors,
+                           deadline_s=deadline_h * 3600.0 if deadline_h is not None else None)
+    return {
+        "calibration": cal.name,
+        "calibration_status": cal.status,
+        "rows": num_rows,
+        "output_tokens_per_row": per_row,
+        "output_tokens": num_rows * per_row,
+        "engine_batch_size": engine.batch_size,
+        "engine_num_speculative_tokens": engine.num_speculative_tokens if engine.drafter else None,
+        "engine_tokens_per_s": round(engine.tokens_per_s, 1),
+        "deadline_hours": deadline_h,
+        "engines_needed": size.engines_needed,
+        "min_actors": size.min_actors,
+        "max_actors": size.max_actors,
+        "hours_at_max_actors": round(size.hours_at_max, 4),
+        "hours_at_min_actors": round(size.hours_at_min, 4),
+        "reason": size.reason,
+    }

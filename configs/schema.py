@@ -280,6 +280,21 @@ class PoolConfig(StrictModel):
         64, ge=1, description="Requests the dispatcher keeps in each actor at once. "
         "Should be >= engine.max_num_seqs so the engine never idles waiting for work."
     )
+    calibration: str | None = Field(
+        None, description="Step-cost calibration (configs/calibration name or a path) the "
+        "capacity estimate uses: tokens/s one engine delivers, engines a deadline needs. "
+        "Default: engine.spec.controller.calibration. Made by `python -m jobs.profile_steps` "
+        "on the hardware the engines run on.",
+    )
+    deadline_hours: float | None = Field(
+        None, gt=0, description="Batch jobs: finish within this many hours. The pool grows "
+        "only to the engines the capacity estimate says the input needs (never above "
+        "max_actors; the summary says when that misses the deadline). Needs a calibration.",
+    )
+    output_tokens_per_row: int | None = Field(
+        None, ge=1, description="Output tokens a row is expected to take, for the capacity "
+        "estimate. Default: sampling.max_tokens (an upper bound: rows that stop early take less).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "PoolConfig":
@@ -470,11 +485,19 @@ class AppConfig(StrictModel):
                 "engine.kv_cache_memory_bytes is required on CPU (got None); vLLM would "
                 "otherwise reserve most of the machine's RAM"
             )
+        if self.pool.deadline_hours is not None and self.capacity_calibration() is None:
+            raise ValueError(f"pool.deadline_hours ({self.pool.deadline_hours!r}) needs a calibration to "
+                             "size the pool from: set pool.calibration (or engine.spec.controller)")
         budget = self.serve.max_num_batched_tokens
         if budget is not None and budget < self.engine.max_num_seqs:
             raise ValueError(f"serve.max_num_batched_tokens ({budget!r}) must be >= engine.max_num_seqs "
                              f"({self.engine.max_num_seqs!r}): every running sequence needs a token per step")
         return self
+
+    def capacity_calibration(self) -> str | None:
+        """The calibration the capacity estimate uses: the pool's, else the controller's."""
+        controller = self.engine.spec.controller
+        return self.pool.calibration or (controller.calibration if controller else None)
 
     def serving_engine(self) -> EngineConfig:
         """The engine config a Serve replica runs: the engine's, with the replica's step budget."""

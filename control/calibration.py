@@ -80,6 +80,19 @@ def save_calibration(cal: Calibration, path: Path) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
+def calibration_file(name_or_path: str, key: str = "calibration") -> Path:
+    """A calibration file: a path to a .json, or a name under configs/calibration. `key`
+    names the setting it came from in the error."""
+    path = Path(name_or_path)
+    if path.suffix == ".json" and path.exists():
+        return path
+    shipped = SHIPPED_DIR / f"{name_or_path}.json"
+    if shipped.exists():
+        return shipped
+    names = sorted(p.stem for p in SHIPPED_DIR.glob("*.json") if not p.stem.endswith(".residuals"))
+    raise ValueError(f"{key}={name_or_path!r} is neither a .json file nor one of {names}")
+
+
 def load_calibration(path: Path | str, *, allow_placeholder: bool = False) -> Calibration:
     path = Path(path)
     if not path.is_absolute() and not path.exists():

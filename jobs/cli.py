@@ -1,6 +1,7 @@
 """What every job's command line shares: `--config NAME|FILE`, typed `a.b=value`
 overrides, and `--dry-run`, which prints the resolved vLLM kwargs and the resource plan
-and starts nothing (no Ray, no vLLM import).
+and starts nothing (no Ray, no vLLM import); with `--rows N` the plan also carries the
+capacity estimate for N rows (tokens/s per engine, hours, the pool a deadline needs).
 """
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--dry-run", action="store_true", help="print resolved engine kwargs + resource plan, start nothing"
     )
+    p.add_argument(
+        "--rows", type=int, default=None, metavar="N",
+        help="with --dry-run: the capacity estimate for N input rows (needs pool.calibration)",
+    )
     p.add_argument("overrides", nargs="*", metavar="a.b=value", help="typed config overrides")
     return p
 
 
-def dry_run_report(cfg: AppConfig) -> dict:
-    plan = resource_plan(cfg)
+def dry_run_report(cfg: AppConfig, num_rows: int | None = None) -> dict:
+    plan = resource_plan(cfg, num_rows)
     return {
         "name": cfg.name,
         "vllm_kwargs": to_vllm_kwargs(cfg.engine),
@@ -53,8 +58,13 @@ def parse_config(args: argparse.Namespace) -> AppConfig:
 
 def handle_dry_run(args: argparse.Namespace, cfg: AppConfig) -> bool:
     """Print the dry-run report if asked; True means the caller should stop."""
+    rows = getattr(args, "rows", None)
+    if rows is not None and (rows < 0 or cfg.capacity_calibration() is None):
+        print(f"error: --rows {rows!r} needs rows >= 0 and a calibration to estimate from: set "
+              "pool.calibration (a name under configs/calibration, or a path)", file=sys.stderr)
+        raise SystemExit(2)
     if args.dry_run:
-        print(json.dumps(dry_run_report(cfg), indent=2))
+        print(json.dumps(dry_run_report(cfg, rows), indent=2))
     return args.dry_run
 
 

@@ -17,13 +17,13 @@ import sys
 import time
 from typing import Any
 
-from configs import AppConfig, dump_config
+from configs import AppConfig, ResourcePlan, dump_config, resource_plan
 from jobs.speculation_plot import FILE_NAME as PLOT_FILE, timeline_png
 from jobs.cli import (
     handle_dry_run, parse_config, parser, print_summary, require_input_output, run_or_explain, start_runtime,
 )
 from pipelines.sink import summary_head
-from pipelines.storage import FsSpec, OutputStore, list_shards, plan_resume
+from pipelines.storage import FsSpec, OutputStore, Shard, count_rows, list_shards, plan_resume
 
 log = logging.getLogger("jobs.codegen")
 
@@ -42,8 +42,9 @@ def run_codegen(cfg: AppConfig, stage_cls: type | None = None) -> dict[str, Any]
     shards, committed, todo = plan_resume(fs_spec, cfg.input, store)
     store.write_text("_config.yaml", dump_config(cfg))
     committer = ShardCommitter(store, cfg.engine.model, store.committed_ids(list(committed)))
+    plan = job_plan(cfg, fs_spec, todo)
     if todo:
-        ds = build_codegen_dataset(cfg, todo, fs_spec, stage_cls or EngineStage)
+        ds = build_codegen_dataset(cfg, todo, fs_spec, stage_cls or EngineStage, plan)
         last_report = time.monotonic()
         for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
             for row in batch.to_pylist():
@@ -57,12 +58,41 @@ def run_codegen(cfg: AppConfig, stage_cls: type | None = None) -> dict[str, Any]
         if committer.incomplete:
             raise RuntimeError(f"shards ended incomplete (seen, expected): {committer.incomplete}")
     summary = build_summary(cfg, shards, committed, committer, time.monotonic() - started)
+    if plan.capacity is not None:
+        summary["capacity"] = capacity_summary(plan, summary)
     png = timeline_png(committer.spec_control())
     if png is not None:
         store.write_bytes(PLOT_FILE, png)
         summary["speculation"]["timeline_plot"] = store.uri_of(PLOT_FILE)
     store.write_text("_summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def job_plan(cfg: AppConfig, fs_spec: FsSpec, todo: list[Shard]) -> ResourcePlan:
+    """The resource plan for the shards still to run. Where the config names a calibration,
+    their rows are counted (one read pass, no parsing) for the capacity estimate, which also
+    sizes the pool to `pool.deadline_hours`; the job's own engines only (not `serve_app`)."""
+    if cfg.serve_app or cfg.capacity_calibration() is None:
+        return resource_plan(cfg)
+    rows = sum(count_rows(fs_spec, shard) for shard in todo)
+    plan = resource_plan(cfg, rows)
+    log.info("capacity (%s, on paper): %s; pool %d..%d engines", plan.capacity["calibration"],
+             plan.capacity["reason"], plan.min_actors, plan.max_actors)
+    return plan
+
+
+def capacity_summary(plan: ResourcePlan, summary: dict[str, Any]) -> dict[str, Any]:
+    """The estimate on paper next to what this run measured: its hours, and its output
+    tokens/s per engine over the estimate's (engine start-up and prefill included, which
+    the estimate leaves out: the ratio says how far to trust the paper for the next run)."""
+    run = summary["this_run"]
+    engines = max(1, min(summary["engines"]["num_engines"], plan.max_actors))
+    per_engine = run["output_tokens"] / run["elapsed_s"] / engines if run["elapsed_s"] > 0 else None
+    return {**plan.capacity, "measured_hours": round(run["elapsed_s"] / 3600, 4),
+            "measured_output_tokens": run["output_tokens"],
+            "measured_engine_tokens_per_s": round(per_engine, 1) if per_engine is not None else None,
+            "measured_vs_paper": (round(per_engine / plan.capacity["engine_tokens_per_s"], 3)
+                                  if per_engine is not None else None)}
 
 
 def _status_line(committer, started: float) -> str:

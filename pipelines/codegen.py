@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from configs.plan import resource_plan
+from configs.plan import ResourcePlan, resource_plan
 from configs.schema import AppConfig
 from pipelines.stages import CONCURRENT_BATCHES_PER_ACTOR, EngineStage, ReadShard
 from pipelines.storage import FsSpec, Shard
@@ -37,10 +37,12 @@ def build_codegen_dataset(
     shards: list[Shard],
     fs_spec: FsSpec,
     stage_cls: type = EngineStage,
+    plan: ResourcePlan | None = None,
 ) -> "ray.data.Dataset":
+    """`plan`: the resource plan to run (default: the config's, unsized to the input)."""
     import ray.data
 
-    plan = resource_plan(cfg)
+    plan = plan or resource_plan(cfg)
     items = [{"shard": s.name, "uri": s.uri, "format": s.format} for s in shards]
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.flat_map(ReadShard(fs_spec), num_cpus=READ_CPUS)

@@ -72,9 +72,17 @@ def test_summary_reports_what_the_speculation_controller_did(s3, bucket, ray_loc
     _upload_humaneval(s3, f"{bucket}/ctl/in", num_shards=2, limit=32)
     run_codegen(_cfg(s3, f"{bucket}/ctl/in", f"{bucket}/ctl/out", "sampling.max_tokens=24",
                      "engine.spec.controller.calibration=cpu-tiny", "engine.spec.controller.interval_s=0.3",
-                     "engine.spec.controller.replacement.enabled=false"))
+                     "engine.spec.controller.replacement.enabled=false",
+                     # 32 rows need one engine for a day's deadline: the pool stops there, not at 3
+                     "pool.max_actors=3", "pool.deadline_hours=24"))
     stored = json.loads(s3.filesystem().cat_file(f"{bucket}/ctl/out/_summary.json"))
     assert stored["rows_ok"] == 32 and stored["reconciled"]
+    capacity = stored["capacity"]  # on paper, from the controller's calibration, for the rows counted
+    assert capacity["calibration"] == "cpu-tiny" and capacity["rows"] == 32 and capacity["output_tokens"] == 32 * 24
+    assert capacity["engines_needed"] == capacity["max_actors"] == 1 and capacity["engine_tokens_per_s"] > 0
+    assert stored["engines"]["num_engines"] == 1 and capacity["measured_output_tokens"] == stored["output_tokens"]
+    assert capacity["measured_vs_paper"] == pytest.approx(
+        capacity["measured_engine_tokens_per_s"] / capacity["engine_tokens_per_s"], rel=0.01)
     engines = stored["speculation"]["controller"]
     assert engines, "a job with engine.spec.controller reports each engine's controller"
     for c in engines.values():

@@ -1,0 +1,113 @@
+"""The batch capacity estimate: what one engine delivers on paper, the pool a deadline
+needs, and how the job's command line shows it. Pure arithmetic over shipped calibrations
+and injected step costs: nothing here is timed."""
+
+import json
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from configs import ConfigError, load_config, resource_plan
+from control.capacity import batch_pool_size, full_engine_throughput
+from control.model import StepCostModel
+from pipelines.storage import FsSpec, count_rows, list_shards, read_shard
+
+pytestmark = pytest.mark.unit
+
+# Verification cost grows with K x batch: drafting pays for one request, not for a full batch.
+COST = StepCostModel(fixed_s=0.010, per_token_s=0.001, spec_overhead_s=0.001, draft_pass_s=0.002)
+ACCEPTANCE = (0.8, 0.6, 0.4, 0.2)
+
+
+def engine(k_choices, *, start_k=4, max_num_seqs=64, kv=0, plain=False):
+    return full_engine_throughput(COST, ACCEPTANCE, k_choices, start_k=start_k, max_num_seqs=max_num_seqs,
+                                  kv_capacity_tokens=kv, num_context_tokens_per_req=100, plain_engine=plain)
+
+
+def test_a_full_engine_runs_the_k_that_pays_at_its_batch_and_a_static_preset_its_own_k():
+    static = engine([4])
+    chosen = engine(range(5))
+    assert static.num_speculative_tokens == 4 and static.batch_size == 64
+    assert chosen.tokens_per_s > static.tokens_per_s and chosen.num_speculative_tokens < 4
+    one = engine(range(5), max_num_seqs=1)
+    assert one.num_speculative_tokens > 0  # one request at a time: drafting pays
+    # tokens/s is tokens per step over the step: checked against the model by hand
+    k = chosen.num_speculative_tokens
+    step = COST.step_time_s(64, k, 64 * 100)
+    assert chosen.tokens_per_s == pytest.approx(64 * (1 + sum(ACCEPTANCE[:k])) / step)
+
+
+def test_the_kv_cache_bounds_the_batch_and_draft_slots_take_their_share():
+    # 10_000 KV tokens, 100 context + 4 draft slots + 1 per request -> 95 requests; max_num_seqs 128
+    assert engine([4], max_num_seqs=128, kv=10_000).batch_size == 95
+    assert engine([0], start_k=0, max_num_seqs=128, kv=10_000).batch_size == 99
+    with pytest.raises(ValueError, match=r"0..start_k=4, got \[5\]"):
+        engine([5])
+
+
+def test_a_deadline_sizes_the_pool_to_the_engines_it_needs_and_no_more():
+    # 3.6M tokens at 100 tok/s per engine = 10 engine-hours
+    size = batch_pool_size(3.6e6, 100.0, min_actors=2, max_actors=8, deadline_s=4 * 3600)
+    assert (size.engines_needed, size.min_actors, size.max_actors) == (3, 2, 3)
+    assert size.hours_at_max == pytest.approx(10 / 3) and "within the 4 h deadline" in size.reason
+    small = batch_pool_size(1000, 100.0, min_actors=2, max_actors=8, deadline_s=3600)
+    assert (small.min_actors, small.max_actors) == (1, 1)  # min never above the sized max
+    capped = batch_pool_size(3.6e6, 100.0, min_actors=1, max_actors=2, deadline_s=3600)
+    assert (capped.engines_needed, capped.max_actors) == (10, 2)
+    assert "the 1 h deadline needs 10 engines but pool.max_actors is 2: expect 5 h" in capped.reason
+    assert "(20 min)" in batch_pool_size(1.2e5, 100.0, min_actors=1, max_actors=1, deadline_s=3600).reason
+    unsized = batch_pool_size(3.6e6, 100.0, min_actors=2, max_actors=8)
+    assert (unsized.min_actors, unsized.max_actors, unsized.engines_needed) == (2, 8, None)
+    assert unsized.hours_at_min == pytest.approx(5.0)
+    with pytest.raises(ValueError, match=r"deadline_s must be > 0, got -1"):
+        batch_pool_size(1, 1.0, min_actors=1, max_actors=1, deadline_s=-1)
+
+
+def test_the_plan_for_a_gpu_preset_comes_from_its_calibration_and_sizes_nodes():
+    cfg = load_config("qwen3-coder-30b-a3b-b200", ["pool.deadline_hours=2"])
+    unsized = resource_plan(cfg)
+    assert unsized.capacity is None and (unsized.min_actors, unsized.max_actors) == (8, 16)
+    few = resource_plan(cfg, 10_000)
+    many = resource_plan(cfg, 10_000_000)
+    assert few.capacity["calibration"] == "b200-qwen3-coder-30b-a3b"
+    assert few.capacity["output_tokens"] == 10_000 * 1024  # sampling.max_tokens: an upper bound
+    assert few.max_actors == few.capacity["engines_needed"] == 1 and few.min_actors == 1
+    assert many.max_actors == 16 and many.capacity["engines_needed"] > 16 and "pool.max_actors is 16" in many.capacity["reason"]
+    assert many.nodes_for_max_actors == 2 and few.nodes_for_max_actors == 1
+    tokens = resource_plan(cfg.model_copy(update={"pool": cfg.pool.model_copy(update={"output_tokens_per_row": 256})}),
+                           10_000_000)
+    assert tokens.capacity["output_tokens"] == 10_000_000 * 256 and tokens.capacity["engines_needed"] < many.capacity["engines_needed"]
+
+
+def test_a_deadline_without_a_calibration_is_refused_naming_it():
+    with pytest.raises(ConfigError, match=r"pool.deadline_hours \(3.0\) needs a calibration"):
+        load_config("gpt-oss-20b-b200", ["pool.deadline_hours=3"])
+    with pytest.raises(ValueError, match=r"pool.calibration='no-such' is neither a .json file nor one of \["):
+        resource_plan(load_config("tiny", ["pool.calibration=no-such"]), 10)
+
+
+def run_codegen_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jobs.codegen", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_dry_run_with_rows_prints_the_estimate_and_without_a_calibration_says_what_to_set():
+    proc = run_codegen_cli("--config", "qwen3-coder-30b-a3b-b200", "--dry-run", "--rows", "1000000",
+                           "pool.deadline_hours=2")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)["resource_plan"]
+    assert plan["capacity"]["rows"] == 1_000_000 and plan["max_actors"] == plan["capacity"]["engines_needed"]
+    assert "deadline" in plan["summary"]
+    proc = run_codegen_cli("--config", "gpt-oss-20b-b200", "--dry-run", "--rows", "10")
+    assert proc.returncode == 2 and "--rows 10 needs" in proc.stderr and "pool.calibration" in proc.stderr
+
+
+def test_rows_are_counted_as_the_reader_reads_them(tmp_path):
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"prompt": [f"def f{i}():" for i in range(7)]}), tmp_path / "in" / "a.parquet")
+    (tmp_path / "in" / "b.jsonl").write_text('{"prompt": "x"}\n\n   \n{oops\n{"prompt": "y"}')  # no final newline
+    for shard in list_shards(FsSpec(), str(tmp_path / "in")):
+        assert count_rows(FsSpec(), shard) == sum(1 for _ in read_shard(FsSpec(), shard))
+    assert [count_rows(FsSpec(), s) for s in list_shards(FsSpec(), str(tmp_path / "in"))] == [7, 3]
