@@ -15,6 +15,7 @@ import json
 import logging
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from configs import AppConfig, ResourcePlan, dump_config, resource_plan
@@ -28,6 +29,7 @@ from pipelines.storage import FsSpec, OutputStore, Shard, count_rows, list_shard
 log = logging.getLogger("jobs.codegen")
 
 PROGRESS_EVERY_S = 10.0
+COUNT_THREADS = 8
 
 
 def run_codegen(cfg: AppConfig, stage_cls: type | None = None) -> dict[str, Any]:
@@ -70,11 +72,19 @@ def run_codegen(cfg: AppConfig, stage_cls: type | None = None) -> dict[str, Any]
 
 def job_plan(cfg: AppConfig, fs_spec: FsSpec, todo: list[Shard]) -> ResourcePlan:
     """The resource plan for the shards still to run. Where the config names a calibration,
-    their rows are counted (one read pass, no parsing) for the capacity estimate, which also
-    sizes the pool to `pool.deadline_hours`; the job's own engines only (not `serve_app`)."""
+    their rows are counted (one read pass, no parsing, COUNT_THREADS shards at a time) for
+    the capacity estimate, which also sizes the pool to `pool.deadline_hours`; the job's own
+    engines only (not `serve_app`). The estimate is advice: if counting fails (a store
+    fault the reader's retries would ride out), the job runs on the configured pool."""
     if cfg.serve_app or cfg.capacity_calibration() is None:
         return resource_plan(cfg)
-    rows = sum(count_rows(fs_spec, shard) for shard in todo)
+    try:
+        with ThreadPoolExecutor(COUNT_THREADS) as pool:
+            rows = sum(pool.map(lambda shard: count_rows(fs_spec, shard), todo))
+    except Exception as exc:  # advice only: any failure to count leaves the configured pool
+        log.warning("capacity estimate skipped (pool.deadline_hours not applied), pool %d..%d as configured: "
+                    "%s: %s", cfg.pool.min_actors, cfg.pool.max_actors, type(exc).__name__, exc)
+        return resource_plan(cfg)
     plan = resource_plan(cfg, rows)
     log.info("capacity (%s, on paper): %s; pool %d..%d engines", plan.capacity["calibration"],
              plan.capacity["reason"], plan.min_actors, plan.max_actors)
