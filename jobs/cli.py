@@ -27,16 +27,26 @@ def parser(description: str) -> argparse.ArgumentParser:
         "--rows", type=int, default=None, metavar="N",
         help="with --dry-run: the capacity estimate for N input rows (needs pool.calibration)",
     )
+    p.add_argument(
+        "--nodes", type=int, default=None, metavar="N",
+        help="with --dry-run: plan a pool that fills N GPU nodes (pool.min_actors = pool.max_actors = "
+        "N x engines per node)",
+    )
     p.add_argument("overrides", nargs="*", metavar="a.b=value", help="typed config overrides")
     return p
 
 
 def dry_run_report(cfg: AppConfig, num_rows: int | None = None) -> dict:
+    from pipelines.codegen import shards_to_keep_busy
+
     plan = resource_plan(cfg, num_rows)
+    shown = plan.as_dict()
+    if plan.capacity is not None:
+        shown["capacity"]["shards_to_keep_engines_busy"] = shards_to_keep_busy(plan.max_actors)
     return {
         "name": cfg.name,
         "vllm_kwargs": to_vllm_kwargs(cfg.engine),
-        "resource_plan": {**plan.as_dict(), "summary": plan.describe()},
+        "resource_plan": {**shown, "summary": plan.describe()},
         "sampling": cfg.sampling.model_dump(),
         "input": cfg.input,
         "output": cfg.output,
@@ -57,15 +67,32 @@ def parse_config(args: argparse.Namespace) -> AppConfig:
 
 
 def handle_dry_run(args: argparse.Namespace, cfg: AppConfig) -> bool:
-    """Print the dry-run report if asked; True means the caller should stop."""
-    rows = getattr(args, "rows", None)
-    if rows is not None and (rows < 0 or cfg.capacity_calibration() is None):
-        print(f"error: --rows {rows!r} needs rows >= 0 and a calibration to estimate from: set "
+    """Print the dry-run report if asked; True means the caller should stop. Exits 2
+    naming the value where `--rows` / `--nodes` cannot be planned."""
+    if not args.dry_run and (args.nodes is not None or args.rows is not None):
+        print("error: --rows and --nodes plan a run (--dry-run); a job counts its own rows", file=sys.stderr)
+        raise SystemExit(2)
+    if args.nodes is not None:
+        cfg = on_nodes(cfg, args.nodes)
+    if args.rows is not None and (args.rows < 0 or cfg.capacity_calibration() is None):
+        print(f"error: --rows {args.rows!r} needs rows >= 0 and a calibration to estimate from: set "
               "pool.calibration (a name under configs/calibration, or a path)", file=sys.stderr)
         raise SystemExit(2)
     if args.dry_run:
-        print(json.dumps(dry_run_report(cfg, rows), indent=2))
+        print(json.dumps(dry_run_report(cfg, args.rows), indent=2))
     return args.dry_run
+
+
+def on_nodes(cfg: AppConfig, num_nodes: int) -> AppConfig:
+    """`cfg` with a pool that fills `num_nodes` GPU nodes; exits 2 naming the value where
+    that means nothing (fewer than one node, a CPU pool)."""
+    per_node = resource_plan(cfg).actors_per_node
+    if num_nodes < 1 or per_node is None:
+        print(f"error: --nodes {num_nodes!r} needs N >= 1 and a GPU pool (pool.device=gpu with "
+              f"pool.gpus_per_node); got pool.device={cfg.pool.device!r}", file=sys.stderr)
+        raise SystemExit(2)
+    engines = num_nodes * per_node
+    return cfg.model_copy(update={"pool": cfg.pool.model_copy(update={"min_actors": engines, "max_actors": engines})})
 
 
 def require_input_output(cfg: AppConfig) -> bool:

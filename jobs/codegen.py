@@ -23,6 +23,7 @@ from jobs.speculation_plot import FILE_NAME as PLOT_FILE, timeline_png
 from jobs.cli import (
     handle_dry_run, parse_config, parser, print_summary, require_input_output, run_or_explain, start_runtime,
 )
+from pipelines.codegen import shards_to_keep_busy
 from pipelines.sink import summary_head
 from pipelines.storage import FsSpec, OutputStore, Shard, count_rows, list_shards, plan_resume
 
@@ -61,7 +62,7 @@ def run_codegen(cfg: AppConfig, stage_cls: type | None = None) -> dict[str, Any]
             raise RuntimeError(f"shards ended incomplete (seen, expected): {committer.incomplete}")
     summary = build_summary(cfg, shards, committed, committer, time.monotonic() - started)
     if plan.capacity is not None:
-        summary["capacity"] = capacity_summary(plan, summary)
+        summary["capacity"] = capacity_summary(plan, summary, len(todo))
     png = timeline_png(committer.spec_control())
     if png is not None:
         store.write_bytes(PLOT_FILE, png)
@@ -88,21 +89,29 @@ def job_plan(cfg: AppConfig, fs_spec: FsSpec, todo: list[Shard]) -> ResourcePlan
     plan = resource_plan(cfg, rows)
     log.info("capacity (%s, on paper): %s; pool %d..%d engines", plan.capacity["calibration"],
              plan.capacity["reason"], plan.min_actors, plan.max_actors)
+    if len(todo) < shards_to_keep_busy(plan.max_actors):
+        log.warning("%d shards to run for up to %d engines: some will idle; split the input into >= %d shards",
+                    len(todo), plan.max_actors, shards_to_keep_busy(plan.max_actors))
     return plan
 
 
-def capacity_summary(plan: ResourcePlan, summary: dict[str, Any]) -> dict[str, Any]:
+def capacity_summary(plan: ResourcePlan, summary: dict[str, Any], num_shards_run: int) -> dict[str, Any]:
     """The estimate on paper next to what this run measured: its hours, and its output
     tokens/s per engine over the estimate's (engine start-up and prefill included, which
     the estimate leaves out: the ratio says how far to trust the paper for the next run)."""
     run = summary["this_run"]
     engines = max(1, min(summary["engines"]["num_engines"], plan.max_actors))
     per_engine = run["output_tokens"] / run["elapsed_s"] / engines if run["elapsed_s"] > 0 else None
-    return {**plan.capacity, "measured_hours": round(run["elapsed_s"] / 3600, 4),
+    return {**plan.capacity, "shards_run": num_shards_run,
+            "shards_to_keep_engines_busy": shards_to_keep_busy(plan.max_actors),
+            "measured_hours": round(run["elapsed_s"] / 3600, 4),
             "measured_output_tokens": run["output_tokens"],
-            "measured_engine_tokens_per_s": round(per_engine, 1) if per_engine is not None else None,
-            "measured_vs_paper": (round(per_engine / plan.capacity["engine_tokens_per_s"], 3)
-                                  if per_engine is not None else None)}
+            "measured_engine_tokens_per_s": _sig4(per_engine),
+            "measured_vs_paper": _sig4(per_engine / plan.capacity["engine_tokens_per_s"] if per_engine else None)}
+
+
+def _sig4(x: float | None) -> float | None:
+    return None if x is None else float(f"{x:.4g}")
 
 
 def _status_line(committer, started: float) -> str:

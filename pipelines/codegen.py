@@ -32,6 +32,13 @@ def engine_batch_size(cfg: AppConfig) -> int:
     return max(1, math.ceil(cfg.pool.max_requests_in_flight / CONCURRENT_BATCHES_PER_ACTOR))
 
 
+def shards_to_keep_busy(num_engines: int) -> int:
+    """Input shards that keep `num_engines` engines busy: each reads as one block and an
+    engine works on CONCURRENT_BATCHES_PER_ACTOR blocks at once, so that a block that ends
+    (or a slow one) never drains it; fewer shards leave engines idle."""
+    return num_engines * CONCURRENT_BATCHES_PER_ACTOR
+
+
 def build_codegen_dataset(
     cfg: AppConfig,
     shards: list[Shard],

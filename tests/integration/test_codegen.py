@@ -81,6 +81,7 @@ def test_summary_reports_what_the_speculation_controller_did(s3, bucket, ray_loc
     assert capacity["calibration"] == "cpu-tiny" and capacity["rows"] == 32 and capacity["output_tokens"] == 32 * 24
     assert capacity["engines_needed"] == capacity["max_actors"] == 1 and capacity["engine_tokens_per_s"] > 0
     assert stored["engines"]["num_engines"] == 1 and capacity["measured_output_tokens"] == stored["output_tokens"]
+    assert capacity["shards_run"] == 2 and capacity["shards_to_keep_engines_busy"] == 4  # one engine, 4 blocks at once
     assert capacity["measured_vs_paper"] == pytest.approx(
         capacity["measured_engine_tokens_per_s"] / capacity["engine_tokens_per_s"], rel=0.01)
     engines = stored["speculation"]["controller"]

@@ -99,7 +99,11 @@ def test_dry_run_with_rows_prints_the_estimate_and_without_a_calibration_says_wh
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)["resource_plan"]
     assert plan["capacity"]["rows"] == 1_000_000 and plan["max_actors"] == plan["capacity"]["engines_needed"]
-    assert "deadline" in plan["summary"]
+    assert "deadline" in plan["summary"] and plan["capacity"]["shards_to_keep_engines_busy"] == 4 * plan["max_actors"]
+    proc = run_codegen_cli("--config", "qwen3-coder-30b-a3b-b200", "--dry-run", "--rows", "1000", "--nodes", "16")
+    plan = json.loads(proc.stdout)["resource_plan"]
+    assert (plan["min_actors"], plan["max_actors"], plan["nodes_for_max_actors"]) == (128, 128, 16)
+    assert run_codegen_cli("--config", "tiny", "--dry-run", "--nodes", "2").returncode == 2  # a CPU pool has no nodes to fill
     proc = run_codegen_cli("--config", "gpt-oss-20b-b200", "--dry-run", "--rows", "10")
     assert proc.returncode == 2 and "--rows 10 needs" in proc.stderr and "pool.calibration" in proc.stderr
 
