@@ -91,7 +91,8 @@ def _k_choices(spec: SpecConfig, max_num_seqs: int) -> tuple[list[int], int, boo
     if spec.controller is not None:
         return list(range(k + 1)), k, spec.controller.replacement.enabled
     if spec.schedule:
-        return [next(kk for lo, hi, kk in spec.schedule if lo <= max_num_seqs <= hi)], k, False
+        at_full = [kk for lo, hi, kk in spec.schedule if lo <= max_num_seqs <= hi]
+        return [at_full[0] if at_full else spec.schedule[-1][2]], k, False  # past the table: its last K
     return [k], k, False
 
 

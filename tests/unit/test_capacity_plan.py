@@ -115,3 +115,13 @@ def test_rows_are_counted_as_the_reader_reads_them(tmp_path):
     for shard in list_shards(FsSpec(), str(tmp_path / "in")):
         assert count_rows(FsSpec(), shard) == sum(1 for _ in read_shard(FsSpec(), shard))
     assert [count_rows(FsSpec(), s) for s in list_shards(FsSpec(), str(tmp_path / "in"))] == [7, 3]
+
+
+def test_the_estimate_runs_the_k_the_preset_runs_at_a_full_batch():
+    assert resource_plan(load_config("tiny"), 100).capacity["engine_num_speculative_tokens"] == 4
+    scheduled = load_config("tiny", ["engine.spec.schedule=[[1,8,4],[9,32,0]]"])  # drafting off past 8
+    off = resource_plan(scheduled, 100).capacity
+    assert off["engine_num_speculative_tokens"] == 0 and off["engine_batch_size"] == 32
+    plain = resource_plan(load_config("tiny", ["engine.spec.method=none"]), 100).capacity
+    assert plain["engine_num_speculative_tokens"] is None  # no drafter at all
+    assert plain["engine_tokens_per_s"] > off["engine_tokens_per_s"]  # the drafter's K=0 pass costs
