@@ -89,7 +89,7 @@ def job_plan(cfg: AppConfig, fs_spec: FsSpec, todo: list[Shard]) -> ResourcePlan
     plan = resource_plan(cfg, rows)
     log.info("capacity (%s, on paper): %s; pool %d..%d engines", plan.capacity["calibration"],
              plan.capacity["reason"], plan.min_actors, plan.max_actors)
-    if len(todo) < shards_to_keep_busy(plan.max_actors):
+    if todo and len(todo) < shards_to_keep_busy(plan.max_actors):
         log.warning("%d shards to run for up to %d engines: some will idle; split the input into >= %d shards",
                     len(todo), plan.max_actors, shards_to_keep_busy(plan.max_actors))
     return plan
