@@ -58,11 +58,11 @@ SERVERS = ["project-direct", "project-proxy", "vllm-serve-inproc", "vllm-serve-i
            "ray-serve-llm"]
 
 
-def engine_kwargs(config: str, overrides: list[str]) -> dict[str, Any]:
-    from configs import load_config
+def engine_kwargs(cfg) -> dict[str, Any]:
+    """The kwargs a Serve replica's engine runs with (the serving engine's step budget)."""
     from configs.vllm_args import to_vllm_kwargs
 
-    return to_vllm_kwargs(load_config(config, overrides).serving_engine())
+    return to_vllm_kwargs(cfg.serving_engine())
 
 
 def vllm_serve_args(kwargs: dict[str, Any]) -> list[str]:
@@ -133,7 +133,7 @@ def host_server(name: str, port: int, config: str, overrides: list[str]) -> None
             from configs import load_config
 
             cfg = load_config(config, overrides)
-            kwargs = engine_kwargs(config, overrides)
+            kwargs = engine_kwargs(cfg)
             # its engine asks for a GPU unless told otherwise; the same bundles as ray.data.llm's
             bundles = ray_data_llm_bundles(cfg)
             llm = LLMConfig(model_loading_config={"model_id": MODEL_NAME, "model_source": kwargs.pop("model")},
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     from configs import load_config
 
     args.cfg = load_config(args.config, args.override)  # loaded once: every server and load reads it
-    args.engine_kwargs = engine_kwargs(args.config, args.override)
+    args.engine_kwargs = engine_kwargs(args.cfg)
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     unknown = [s for s in servers if s not in SERVERS]
     if unknown:
