@@ -136,16 +136,16 @@ def read_shard(fs_spec: FsSpec, shard: Shard) -> Iterator[str | dict[str, Any]]:
 
 
 def count_rows(fs_spec: FsSpec, shard: Shard) -> int:
-    """Rows `read_shard` will yield: Parquet from its footer, JSONL by one pass over its
-    lines, counting those `read_shard` keeps (no parsing)."""
+    """Rows `read_shard` will yield: Parquet from its footer, JSONL by one pass of
+    `read_shard` itself (lines, no parsing)."""
+    if shard.format != "parquet":
+        return sum(1 for _ in read_shard(fs_spec, shard))
+    import pyarrow.parquet as pq
+
     fs = fs_spec.open_fs(shard.uri)
     with storage_errors("counting rows of shard", shard.uri):
         with fs.open(_strip(shard.uri), "rb") as f:
-            if shard.format == "parquet":
-                import pyarrow.parquet as pq
-
-                return pq.ParquetFile(f).metadata.num_rows
-            return sum(1 for raw in f if raw.decode("utf-8", errors="replace").strip())
+            return pq.ParquetFile(f).metadata.num_rows
 
 
 class OutputStore:
