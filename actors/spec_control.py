@@ -26,7 +26,6 @@ import logging
 import time
 from collections import deque
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from configs.schema import EngineConfig, SpecControllerConfig

@@ -42,8 +42,8 @@ def sampling_values(cfg: AppConfig) -> dict[str, Any]:
 
 def knobs(cfg: AppConfig, num_shards: int) -> dict[str, dict[str, Any]]:
     """What each arm batches with, as documented in the results."""
-    from pipelines.codegen import READ_CPUS, engine_batch_size
-    from pipelines.stages import CONCURRENT_BATCHES_PER_ACTOR
+    from pipelines.engine_stage import CONCURRENT_BATCHES_PER_ACTOR, engine_batch_size
+    from pipelines.shardjob import READ_CPUS
 
     return {
         "bare": {"requests_submitted": "all at once, one generate() call",
@@ -98,11 +98,11 @@ def _stamping_stage_cls(stamp_dir: str) -> type:
     ready and when its first batch arrives, so the driver can split start-up from
     generation exactly as for ray.data.llm (whose window starts at its first request's
     arrival). Nothing else changes."""
-    from pipelines.stages import EngineStage
+    from pipelines.engine_stage import EngineStage
 
     class StampingEngineStage(EngineStage):
-        def __init__(self, cfg):
-            super().__init__(cfg)
+        def __init__(self, cfg, **kwargs):
+            super().__init__(cfg, **kwargs)
             self._stamp = {"ready_wall_s": time.time(), "startup_s": self.engine.startup_s}
             self._write_stamp()
 

@@ -111,13 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     from configs import load_config
     from jobs.codegen import run_codegen
     from jobs.demo import upload_humaneval
-    from jobs.local_s3 import LocalS3, _free_port
+    from jobs.local_s3 import LocalS3, free_port
     from serving.app import deployment_for
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     with LocalS3() as s3:
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-        port = _free_port()
+        port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         url = f"http://127.0.0.1:{port}"
         s3.create_bucket("bench")

@@ -247,9 +247,9 @@ def run_load(url: str, load: str, num_prompts: int, args, out: Path, server_pid:
 
 
 def run_server(name: str, args, out_dir: Path) -> dict[str, Any]:
-    from jobs.local_s3 import _free_port
+    from jobs.local_s3 import free_port
 
-    port, direct_port = _free_port(), _free_port()
+    port, direct_port = free_port(), free_port()
     url = f"http://127.0.0.1:{direct_port if name == 'project-direct' else port}"
     cmd, env = server_command(name, port, direct_port, args)
     log_path = out_dir / f"{name}.log"

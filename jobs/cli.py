@@ -37,7 +37,7 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 
 def dry_run_report(cfg: AppConfig, num_rows: int | None = None) -> dict:
-    from pipelines.codegen import shards_to_keep_busy
+    from pipelines.engine_stage import shards_to_keep_busy
 
     plan = resource_plan(cfg, num_rows)
     shown = plan.as_dict()

@@ -18,61 +18,46 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from configs import AppConfig, ResourcePlan, dump_config, resource_plan
+from configs import AppConfig, ResourcePlan, resource_plan
 from jobs.speculation_plot import FILE_NAME as PLOT_FILE, timeline_png
 from jobs.cli import (
     handle_dry_run, parse_config, parser, print_summary, require_input_output, run_or_explain, start_runtime,
 )
-from pipelines.codegen import shards_to_keep_busy
+from jobs.job_report import write_report
+from pipelines.engine_stage import shards_to_keep_busy
 from pipelines.sink import summary_head
-from pipelines.storage import FsSpec, OutputStore, Shard, count_rows, list_shards, plan_resume
+from pipelines.storage import FsSpec, Shard, count_rows, list_shards
 
 log = logging.getLogger("jobs.codegen")
 
-PROGRESS_EVERY_S = 10.0
 COUNT_THREADS = 8
 
 
 def run_codegen(cfg: AppConfig, stage_cls: type | None = None) -> dict[str, Any]:
     """Run (or resume) the job; returns the summary it also writes to `_summary.json`."""
-    from pipelines.codegen import build_codegen_dataset
-    from pipelines.sink import ShardCommitter
-    from pipelines.stages import EngineStage
+    from pipelines.codegen import codegen_spec
+    from pipelines.engine_stage import EngineStage
+    from pipelines.runner import run_shard_job
 
     started = time.monotonic()
-    fs_spec = FsSpec(cfg.s3_endpoint_url)
-    store = OutputStore(fs_spec, cfg.output)
-    shards, committed, todo = plan_resume(fs_spec, cfg.input, store)
-    store.write_text("_config.yaml", dump_config(cfg))
-    committer = ShardCommitter(store, cfg.engine.model, store.committed_ids(list(committed)))
-    plan = job_plan(cfg, fs_spec, todo)
-    if todo:
-        ds = build_codegen_dataset(cfg, todo, fs_spec, stage_cls or EngineStage, plan)
-        last_report = time.monotonic()
-        for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
-            for row in batch.to_pylist():
-                committer.add(row)
-            if time.monotonic() - last_report >= PROGRESS_EVERY_S:
-                last_report = time.monotonic()
-                log.info(_status_line(committer, started))
-        for shard in todo:
-            if shard.name not in committer.markers and shard.name not in committer.pending:
-                committer.commit_empty(shard.name)  # a shard with no rows at all
-        if committer.incomplete:
-            raise RuntimeError(f"shards ended incomplete (seen, expected): {committer.incomplete}")
-    summary = build_summary(cfg, shards, committed, committer, time.monotonic() - started)
-    if plan.capacity is not None:
-        summary["capacity"] = capacity_summary(plan, summary, len(todo))
-    png = timeline_png(committer.spec_control())
+    run = run_shard_job(cfg, codegen_spec(cfg, stage_cls or EngineStage),
+                        plan_for=lambda fs_spec, files: job_plan(cfg, fs_spec, files),
+                        status=lambda engines: _status_line(engines, started))
+    summary = build_summary(cfg, run)
+    if run.plan.capacity is not None:
+        summary["capacity"] = capacity_summary(run.plan, summary, len(run.todo))
+    spec_control = run.engines.spec_control()
+    png = timeline_png(spec_control)
     if png is not None:
-        store.write_bytes(PLOT_FILE, png)
-        summary["speculation"]["timeline_plot"] = store.uri_of(PLOT_FILE)
-    store.write_text("_summary.json", json.dumps(summary, indent=2))
+        run.store.write_bytes(PLOT_FILE, png)
+        summary["speculation"]["timeline_plot"] = run.store.uri_of(PLOT_FILE)
+    write_report(run.store, summary, run.committer.markers, run.started_at, spec_control=spec_control)
+    run.store.write_text("_summary.json", json.dumps(summary, indent=2))
     return summary
 
 
 def job_plan(cfg: AppConfig, fs_spec: FsSpec, todo: list[Shard]) -> ResourcePlan:
-    """The resource plan for the shards still to run. Where the config names a calibration,
+    """The resource plan for the shard files still to read. Where the config names a calibration,
     their rows are counted (one read pass, no parsing, COUNT_THREADS shards at a time) for
     the capacity estimate, which also sizes the pool to `pool.deadline_hours`; the job's own
     engines only (not `serve_app`). The estimate is advice: if counting fails (a store
@@ -114,16 +99,12 @@ def _sig4(x: float | None) -> float | None:
     return None if x is None else float(f"{x:.4g}")
 
 
-def _status_line(committer, started: float) -> str:
-    stats = committer.spec_stats()
-    elapsed = max(time.monotonic() - started, 1e-9)
-    line = (
-        f"rows {committer.num_rows_seen} | shards committed {len(committer.markers)} | "
-        f"{stats.num_output_tokens / elapsed:.0f} output tok/s"
-    )
+def _status_line(engines, started: float) -> str:
+    stats = engines.spec_stats()
+    line = f"{stats.num_output_tokens / max(time.monotonic() - started, 1e-9):.0f} output tok/s"
     if stats.mean_acceptance_length is not None:
         line += f" | acceptance length {stats.mean_acceptance_length:.2f}"
-    ks = sorted({c["k_in_force"] for c in committer.spec_control().values()})
+    ks = sorted({c["k_in_force"] for c in engines.spec_control().values()})
     if ks:
         line += f" | K in force {'/'.join(map(str, ks))}"
     return line
@@ -145,19 +126,19 @@ def controller_summary(per_engine: dict[str, dict[str, Any]]) -> dict[str, Any] 
             for key, c in per_engine.items()}
 
 
-def build_summary(cfg, shards, committed_before, committer, elapsed_s: float) -> dict[str, Any]:
-    markers = {**committed_before, **committer.markers}
+def build_summary(cfg: AppConfig, run) -> dict[str, Any]:
+    markers = {**run.committed_before, **run.committer.markers}
     tokens = {k: sum(m[k] for m in markers.values()) for k in ("prompt_tokens", "output_tokens")}
-    run_output_tokens = sum(m["output_tokens"] for m in committer.markers.values())
-    stats = committer.spec_stats()
+    run_output_tokens = sum(m["output_tokens"] for m in run.committer.markers.values())
+    stats = run.engines.spec_stats()
     return {
-        **summary_head("codegen", cfg.input, cfg.output, len(shards), committed_before, committer.markers),
+        **summary_head("codegen", cfg.input, cfg.output, len(run.shards), run.committed_before, run.committer.markers),
         "prompt_tokens": tokens["prompt_tokens"],
         "output_tokens": tokens["output_tokens"],
         "this_run": {
-            "elapsed_s": round(elapsed_s, 2),
+            "elapsed_s": round(run.elapsed_s, 2),
             "output_tokens": run_output_tokens,
-            "output_tokens_per_s": round(run_output_tokens / elapsed_s, 1) if elapsed_s > 0 else None,
+            "output_tokens_per_s": round(run_output_tokens / run.elapsed_s, 1) if run.elapsed_s > 0 else None,
         },
         "speculation": {
             "method": cfg.engine.spec.method,
@@ -167,9 +148,9 @@ def build_summary(cfg, shards, committed_before, committer, elapsed_s: float) ->
             "num_accepted_tokens": stats.num_accepted_tokens,
             "acceptance_per_pos": [round(a, 4) for a in stats.acceptance_per_pos],
             "mean_acceptance_length": stats.mean_acceptance_length,
-            "controller": controller_summary(committer.spec_control()),
+            "controller": controller_summary(run.engines.spec_control()),
         },
-        "engines": committer.engine_events(),
+        "engines": run.engines.engine_events(),
         "per_shard": {name: {k: m[k] for k in ("rows", "ok", "errors")} for name, m in sorted(markers.items())},
         "config": cfg.model_dump(mode="json"),
     }

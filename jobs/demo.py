@@ -29,7 +29,7 @@ import urllib.request
 from pathlib import Path
 
 from configs.vllm_args import REPO_ROOT
-from jobs.local_s3 import CREDENTIALS, LocalS3, _free_port
+from jobs.local_s3 import CREDENTIALS, LocalS3, free_port
 
 BUCKET = "peagle-demo"
 READY_TIMEOUT_S = 180
@@ -57,7 +57,7 @@ class LocalRayCluster:
 
     def __init__(self, num_cpus: int = 4):
         self.temp_dir = _cluster_temp_dir()
-        self.dashboard_port = _free_port()
+        self.dashboard_port = free_port()
         self.address = f"http://127.0.0.1:{self.dashboard_port}"
         # Ray's token auth stays on; this cluster gets its own token, given to the
         # cluster and to `ray job submit` through the environment only.
@@ -69,7 +69,7 @@ class LocalRayCluster:
              f"--dashboard-port={self.dashboard_port}", f"--temp-dir={self.temp_dir}",
              "--disable-usage-stats",
              # Every port its own, so this cluster never collides with another Ray here.
-             *(f"--{name}={_free_port()}" for name in (
+             *(f"--{name}={free_port()}" for name in (
                  "port", "ray-client-server-port", "dashboard-agent-listen-port",
                  "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port",
                  "object-manager-port", "node-manager-port"))],

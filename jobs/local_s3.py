@@ -22,7 +22,8 @@ CREDENTIALS = {
 }
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 at the time of asking."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -30,7 +31,7 @@ def _free_port() -> int:
 
 class LocalS3:
     def __init__(self, port: int | None = None, startup_timeout_s: float = 30.0):
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
         os.environ.update(CREDENTIALS)
         self.proc = subprocess.Popen(

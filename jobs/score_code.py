@@ -24,16 +24,16 @@ import logging
 import secrets
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
-from configs import AppConfig, dump_config
+from configs import AppConfig
+from configs.schema import CodeScoringConfig
 from jobs.cli import (
     parse_config, parser, print_summary, require_input_output, run_or_explain, start_runtime,
 )
+from jobs.job_report import write_report
 from pipelines.sink import summary_head
-from pipelines.scoring import CodeScoringConfig
 from pipelines.storage import FsSpec, OutputStore, Shard, list_shards
 
 log = logging.getLogger("jobs.score_code")
@@ -57,28 +57,16 @@ def input_shards(fs_spec: FsSpec, input_uri: str) -> list[tuple[str, list[Shard]
 
 def run_score_code(cfg: AppConfig, scoring: CodeScoringConfig) -> dict[str, Any]:
     """Run (or resume) the job; returns the summary it also writes to `_summary.json`."""
-    from pipelines.code_scoring import (build_code_scoring_dataset, pass_at_k_report, read_problems,
-                                        render_result, tally_result)
+    from pipelines.code_scoring import code_scoring_spec, pass_at_k_report, read_problems
+    from pipelines.runner import run_shard_job
     from pipelines.sandbox import check_available
-    from pipelines.scoring import ScoreCommitter, drain, shard_item
 
-    started = time.monotonic()
     check_available(scoring.sandbox_limits())  # on the driver too: fail fast, never unsandboxed
     fs_spec = FsSpec(cfg.s3_endpoint_url)
     problems = read_problems(fs_spec, scoring.problems)
-    store = OutputStore(fs_spec, cfg.output)
-    shards = input_shards(fs_spec, cfg.input)
-    committed = store.committed()
-    todo = [(name, files) for name, files in shards if name not in committed]
-    log.info("%d shards: %d already scored, %d to run", len(shards), len(committed), len(todo))
-    store.write_text("_config.yaml", dump_config(cfg))
-    committer = ScoreCommitter(store, store.committed_ids(list(committed)), render_result, tally_result)
-    if todo:
-        marker = f"__passed_{secrets.token_hex(16)}__"
-        items = [shard_item(name, files) for name, files in todo]
-        drain(build_code_scoring_dataset(items, fs_spec, problems, scoring, marker), committer,
-              [name for name, _ in todo])
-    markers = {**committed, **committer.markers}
+    marker = f"__passed_{secrets.token_hex(16)}__"
+    run = run_shard_job(cfg, code_scoring_spec(problems, scoring, marker, input_shards))
+    store, markers = run.store, {**run.committed_before, **run.committer.markers}
     results = []
     for name in sorted(markers):
         path = store.uri_of("results", f"{name}.jsonl")
@@ -87,13 +75,15 @@ def run_score_code(cfg: AppConfig, scoring: CodeScoringConfig) -> dict[str, Any]
     tasks, overall = pass_at_k_report(results, problems, scoring.k)
     store.write_text("pass_at_k.jsonl", "".join(json.dumps(t) + "\n" for t in tasks))
     summary = {
-        **summary_head("score_code", cfg.input, cfg.output, len(shards), committed, committer.markers),
+        **summary_head("score_code", cfg.input, cfg.output, len(run.shards), run.committed_before,
+                       run.committer.markers),
         **overall,
         "sandbox": scoring.sandbox_limits().__dict__,
-        "this_run": {"elapsed_s": round(time.monotonic() - started, 2)},
+        "this_run": {"elapsed_s": round(run.elapsed_s, 2)},
         "config": cfg.model_dump(mode="json"),
         "scoring": scoring.model_dump(),
     }
+    write_report(store, summary, run.committer.markers, run.started_at, pass_at_k=tasks)
     store.write_text("_summary.json", json.dumps(summary, indent=2))
     return summary
 

@@ -21,49 +21,44 @@ import json
 import logging
 import math
 import sys
-import time
 from typing import Any
 
-from configs import AppConfig, dump_config
+from configs import AppConfig
+from configs.schema import LogprobScoringConfig
 from jobs.cli import (
     handle_dry_run, parse_config, parser, print_summary, require_input_output, run_or_explain, start_runtime,
 )
+from jobs.job_report import write_report
+from pipelines.shardjob import totals
 from pipelines.sink import summary_head
-from pipelines.scoring import LogprobScoringConfig, totals
-from pipelines.storage import FsSpec, OutputStore, plan_resume
 
 log = logging.getLogger("jobs.score_logprobs")
 
 
 def run_score_logprobs(cfg: AppConfig, scoring: LogprobScoringConfig) -> dict[str, Any]:
     """Run (or resume) the job; returns the summary it also writes to `_summary.json`."""
-    from pipelines.logprob_scoring import build_logprob_dataset, render_score, tally_score
-    from pipelines.scoring import ScoreCommitter, drain, shard_item
+    from pipelines.logprob_scoring import logprob_spec
+    from pipelines.runner import run_shard_job
 
-    started = time.monotonic()
-    fs_spec = FsSpec(cfg.s3_endpoint_url)
-    store = OutputStore(fs_spec, cfg.output)
-    shards, committed, todo = plan_resume(fs_spec, cfg.input, store)
-    store.write_text("_config.yaml", dump_config(cfg))
-    committer = ScoreCommitter(store, store.committed_ids(list(committed)), render_score, tally_score)
-    if todo:
-        ds = build_logprob_dataset(cfg, [shard_item(s.name, [s]) for s in todo], fs_spec, scoring)
-        drain(ds, committer, [s.name for s in todo])
-    markers = {**committed, **committer.markers}
+    run = run_shard_job(cfg, logprob_spec(scoring))
+    markers = {**run.committed_before, **run.committer.markers}
     count = totals(markers, ("rows", "ok", "errors", "num_tokens", "total_logprob"))
     mean = count["total_logprob"] / count["num_tokens"] if count["num_tokens"] else None
     summary = {
-        **summary_head("score_logprobs", cfg.input, cfg.output, len(shards), committed, committer.markers),
+        **summary_head("score_logprobs", cfg.input, cfg.output, len(run.shards), run.committed_before,
+                       run.committer.markers),
         "num_tokens": count["num_tokens"],
         "total_logprob": count["total_logprob"],
         # Token-weighted over all scored rows (corpus perplexity), not a mean of rows.
         "mean_logprob_per_token": mean,
         "perplexity": math.exp(-mean) if mean is not None and -mean < 709 else None,
-        "this_run": {"elapsed_s": round(time.monotonic() - started, 2)},
+        "this_run": {"elapsed_s": round(run.elapsed_s, 2)},
+        "engines": run.engines.engine_events(),
         "config": cfg.model_dump(mode="json"),
         "scoring": scoring.model_dump(),
     }
-    store.write_text("_summary.json", json.dumps(summary, indent=2))
+    write_report(run.store, summary, run.committer.markers, run.started_at)
+    run.store.write_text("_summary.json", json.dumps(summary, indent=2))
     return summary
 
 

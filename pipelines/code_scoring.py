@@ -23,16 +23,17 @@ from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
 
 from pipelines.passk import overall_pass_at_k, task_pass_at_k
-from pipelines.rows import RowError
-from pipelines.scoring import READ_CPUS, ReadRows, columns, load_json_line, plain_rows
+from pipelines.rows import SAMPLE_SEP, RowError
+from pipelines.runner import ShardJobSpec
+from pipelines.shardjob import columns, load_json_line, plain_rows
 
 if TYPE_CHECKING:
     import ray.data
 
-    from pipelines.scoring import CodeScoringConfig
+    from configs.schema import CodeScoringConfig
+    from pipelines.runner import Inputs
     from pipelines.storage import FsSpec
 
-SAMPLE_SEP = "#"
 # The Codex paper's stop sequences: a completion ends where the function body ends.
 HUMANEVAL_STOP = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
 
@@ -79,7 +80,7 @@ def humaneval_program(problem: dict, completion: str, marker: str) -> str:
 
 
 class ParseSamples:
-    """`pipelines.scoring.ReadRows` parser: one line -> [(custom_id, payload)]. The
+    """`pipelines.shardjob.ReadRows` parser: one line -> [(custom_id, payload)]. The
     payload holds the program to run, or a verdict that needs no run."""
 
     def __init__(self, problems: dict[str, dict], marker: str):
@@ -189,14 +190,15 @@ def _failure_detail(stderr_tail: str, last: str) -> str:
     return last
 
 
-def build_code_scoring_dataset(items: list[dict], fs_spec: "FsSpec", problems: dict[str, dict],
-                               cfg: "CodeScoringConfig", marker: str) -> "ray.data.Dataset":
-    import ray.data
+def code_scoring_spec(problems: dict[str, dict], cfg: "CodeScoringConfig", marker: str,
+                      inputs: "Inputs") -> ShardJobSpec:
+    """Samples of `inputs` run in the sandbox as Ray tasks (no engine)."""
+    def run_step(ds: "ray.data.Dataset", *_: Any) -> "ray.data.Dataset":
+        return ds.map_batches(RunSamples(cfg.sandbox_limits(), marker), batch_size=cfg.rows_per_task,
+                              batch_format="numpy", num_cpus=cfg.cpus_per_task)
 
-    ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
-    ds = ds.flat_map(ReadRows(fs_spec, ParseSamples(problems, marker)), num_cpus=READ_CPUS)
-    return ds.map_batches(RunSamples(cfg.sandbox_limits(), marker), batch_size=cfg.rows_per_task,
-                          batch_format="numpy", num_cpus=cfg.cpus_per_task)
+    return ShardJobSpec("score_code", ParseSamples(problems, marker), render_result, tally_result,
+                        engine_step=run_step, inputs=inputs)
 
 
 # -- report -----------------------------------------------------------------------------

@@ -1,83 +1,64 @@
-"""The batch code-generation pipeline, as a lazy Ray Data builder.
+"""The batch code-generation job as a shard-job spec (`pipelines.runner`).
 
-shards --(ReadShard: read + parse, CPU tasks)--> rows --(EngineStage: actor pool of
-vLLM engines, min..max from pool config)--> rows with results.
+shards --(ReadRows + `ParseRequests`: CPU tasks; a row per sample)--> rows
+--(EngineStage: actor pool of vLLM engines, sized by the resource plan)--> rows with
+results --> OpenAI Batch output lines (`render`), token counts per shard (`tally`).
 With `serve_app` set, the engine step is `ServeStage` instead: rows go to the replicas of
 a running Serve app, shared with online traffic (see `serving.app`).
 Only chains transforms: never calls ray.init, never touches S3 itself, never
-materializes. The job iterates the dataset into `pipelines.sink.ShardCommitter`.
+materializes; `pipelines.runner.run_shard_job` runs the spec.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from configs.plan import ResourcePlan, resource_plan
-from configs.schema import AppConfig
-from pipelines.stages import CONCURRENT_BATCHES_PER_ACTOR, EngineStage, ReadShard
-from pipelines.storage import FsSpec, Shard
+from configs.plan import ResourcePlan
+from configs.schema import AppConfig, SamplingDefaults
+from pipelines.engine_stage import CONCURRENT_BATCHES_PER_ACTOR, EngineStage
+from pipelines.rows import parse_line, parse_row, response_line, sample_requests
+from pipelines.runner import ShardJobSpec
 
 if TYPE_CHECKING:
     import ray.data
 
-# Reading and parsing is light; a fraction of a CPU keeps it from competing with the
-# engines for whole cores on small nodes.
-READ_CPUS = 0.25
+
+class ParseRequests:
+    """`pipelines.shardjob.ReadRows` parser: one input row -> a (custom_id, {kind,
+    request}) per sample (the row's `n`, else `sampling.n`; see `pipelines.rows`)."""
+
+    def __init__(self, sampling: SamplingDefaults | None = None):
+        self.default_n = sampling.n if sampling else 1
+        self.default_temperature = sampling.temperature if sampling else 0.0
+
+    def __call__(self, raw: Any, shard: str, line_no: int) -> list[tuple[str, dict[str, Any]]]:
+        custom_id, request, kind = parse_line(raw) if isinstance(raw, str) else parse_row(raw)
+        return [(sample_id, {"kind": kind, "request": sample})
+                for sample_id, sample in sample_requests(custom_id, request, self.default_n, self.default_temperature)]
 
 
-def engine_batch_size(cfg: AppConfig) -> int:
-    """Rows per engine batch, so that the batches one actor runs at once add up to
-    `pool.max_requests_in_flight` requests in the engine."""
-    return max(1, math.ceil(cfg.pool.max_requests_in_flight / CONCURRENT_BATCHES_PER_ACTOR))
+def codegen_spec(cfg: AppConfig, stage_cls: type = EngineStage) -> ShardJobSpec:
+    """The job on its own engines (`stage_cls`, on the plan's actor pool) or, with
+    `serve_app` set, on a running Serve app's replicas."""
+    return ShardJobSpec("codegen", ParseRequests(cfg.sampling), render(cfg.engine.model), tally, stage=stage_cls,
+                        engine_step=_via_serve if cfg.serve_app else None)
 
 
-def shards_to_keep_busy(num_engines: int) -> int:
-    """Input shards that keep `num_engines` engines busy: each reads as one block and an
-    engine works on CONCURRENT_BATCHES_PER_ACTOR blocks at once, so that a block that ends
-    (or a slow one) never drains it; fewer shards leave engines idle."""
-    return num_engines * CONCURRENT_BATCHES_PER_ACTOR
+def render(model_name: str):
+    """A committer's render: a result -> its OpenAI Batch output line."""
+    return lambda custom_id, result: response_line(custom_id, result["kind"], result, model_name)
 
 
-def build_codegen_dataset(
-    cfg: AppConfig,
-    shards: list[Shard],
-    fs_spec: FsSpec,
-    stage_cls: type = EngineStage,
-    plan: ResourcePlan | None = None,
-) -> "ray.data.Dataset":
-    """`plan`: the resource plan to run (default: the config's, unsized to the input)."""
-    import ray.data
-
-    plan = plan or resource_plan(cfg)
-    items = [{"shard": s.name, "uri": s.uri, "format": s.format} for s in shards]
-    ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
-    ds = ds.flat_map(ReadShard(fs_spec), num_cpus=READ_CPUS)
-    if cfg.serve_app:
-        return _via_serve(ds, cfg)
-    remote_args = {}
-    if plan.accelerator_type:
-        remote_args["accelerator_type"] = plan.accelerator_type
-    return ds.map_batches(
-        stage_cls,
-        fn_constructor_kwargs={"cfg": cfg.model_dump(mode="json")},
-        compute=ray.data.ActorPoolStrategy(min_size=plan.min_actors, max_size=plan.max_actors),
-        batch_size=engine_batch_size(cfg),
-        batch_format="numpy",
-        num_cpus=plan.cpus_per_actor,
-        num_gpus=plan.gpus_per_actor,
-        # Several Ray Data tasks (blocks) per actor at once, so the engine does not drain
-        # at a block/shard boundary; EngineStage caps the requests actually in flight.
-        max_concurrency=CONCURRENT_BATCHES_PER_ACTOR,
-        **remote_args,
-    )
+def tally(result: dict[str, Any]) -> dict[str, int]:
+    return {"prompt_tokens": result["num_prompt_tokens"], "output_tokens": result["num_output_tokens"]}
 
 
 # A client actor only waits on handles; a fraction of a CPU is plenty.
 SERVE_CLIENT_CPUS = 0.25
 
 
-def _via_serve(ds: "ray.data.Dataset", cfg: AppConfig) -> "ray.data.Dataset":
+def _via_serve(ds: "ray.data.Dataset", cfg: AppConfig, plan: ResourcePlan, board) -> "ray.data.Dataset":
     """Rows go to a running Serve app's replicas (shared with online traffic)."""
     import ray.data
 
@@ -85,7 +66,7 @@ def _via_serve(ds: "ray.data.Dataset", cfg: AppConfig) -> "ray.data.Dataset":
 
     return ds.map_batches(
         ServeStage,
-        fn_constructor_kwargs={"cfg": cfg.model_dump(mode="json")},
+        fn_constructor_kwargs={"cfg": cfg.model_dump(mode="json"), "board": board},
         compute=ray.data.ActorPoolStrategy(size=1),
         batch_size=max(1, math.ceil(cfg.batch_client.max_in_flight / CONCURRENT_BATCHES_PER_ACTOR)),
         batch_format="numpy",

@@ -11,22 +11,16 @@ and log-probs and the top-N alternatives. Knows nothing about S3 or commits.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
-import os
-import time
 from typing import TYPE_CHECKING, Any
 
+from pipelines.engine_stage import EngineStage
 from pipelines.rows import RowError
-from pipelines.scoring import READ_CPUS, ReadRows, columns, error_json, load_json_line, plain_rows
+from pipelines.runner import ShardJobSpec
+from pipelines.shardjob import load_json_line
 
 if TYPE_CHECKING:
-    import ray.data
-
-    from configs.schema import AppConfig
-    from pipelines.scoring import LogprobScoringConfig
-    from pipelines.storage import FsSpec
+    from configs.schema import LogprobScoringConfig
 
 ROW_KEYS = {"custom_id", "id", "prompt", "completion"}
 
@@ -55,64 +49,32 @@ def likelihood(token_logprobs: list[float]) -> dict[str, Any]:
             "perplexity": math.exp(-mean) if -mean < 709 else math.inf}
 
 
-class LogprobStage:
-    """map_batches callable class (actor pool): rows -> rows + `result` JSON."""
+class ScoreStage(EngineStage):
+    """The engine stage, scoring: a row -> its completion's log-probabilities."""
 
-    def __init__(self, cfg: dict[str, Any], scoring: dict[str, Any]):
-        from actors.engine import Engine
-        from configs.schema import AppConfig
-        from pipelines.scoring import LogprobScoringConfig
+    def __init__(self, cfg: dict[str, Any], scoring: dict[str, Any], board=None):
+        from configs.schema import LogprobScoringConfig
 
-        app = AppConfig.model_validate(cfg)
+        super().__init__(cfg, board)
         self.scoring = LogprobScoringConfig.model_validate(scoring)
-        self.engine = Engine(app.engine, app.sampling, device=app.pool.device)
-        self.engine_key = f"{os.getpid()}-{time.time_ns()}"
 
-    async def _run_row(self, row: dict[str, Any]) -> dict[str, Any]:
-        row["result"] = None
-        if row["error"] is not None:
-            return row
-        payload = json.loads(row["payload"])
-        out = await self.engine.score(row["custom_id"], payload["prompt"], payload["completion"],
+    async def run(self, custom_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+        out = await self.engine.score(custom_id, payload["prompt"], payload["completion"],
                                       num_top_logprobs=self.scoring.num_top_logprobs)
         if not out["ok"]:
-            row["error"] = error_json(out["error"]["reason"], out["error"]["message"])
-            return row
+            return out
         result = {**likelihood(out["token_logprobs"]), "num_prompt_tokens": out["num_prompt_tokens"]}
         if self.scoring.token_logprobs:
             result["token_ids"] = out["token_ids"]
             result["token_logprobs"] = out["token_logprobs"]
         if self.scoring.num_top_logprobs:
             result["top_logprobs"] = out["top_logprobs"]
-        row["result"] = json.dumps(result)
-        return row
-
-    async def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
-        rows = await asyncio.gather(*(self._run_row(r) for r in plain_rows(batch)))
-        return columns(list(rows))
+        return result
 
 
-def build_logprob_dataset(cfg: "AppConfig", items: list[dict], fs_spec: "FsSpec",
-                          scoring: "LogprobScoringConfig") -> "ray.data.Dataset":
-    import ray.data
-
-    from configs.plan import resource_plan
-    from pipelines.codegen import engine_batch_size
-
-    plan = resource_plan(cfg)
-    ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
-    ds = ds.flat_map(ReadRows(fs_spec, parse_logprob_row), num_cpus=READ_CPUS)
-    remote_args = {"accelerator_type": plan.accelerator_type} if plan.accelerator_type else {}
-    return ds.map_batches(
-        LogprobStage,
-        fn_constructor_kwargs={"cfg": cfg.model_dump(mode="json"), "scoring": scoring.model_dump()},
-        compute=ray.data.ActorPoolStrategy(min_size=plan.min_actors, max_size=plan.max_actors),
-        batch_size=engine_batch_size(cfg),
-        batch_format="numpy",
-        num_cpus=plan.cpus_per_actor,
-        num_gpus=plan.gpus_per_actor,
-        **remote_args,
-    )
+def logprob_spec(scoring: "LogprobScoringConfig") -> ShardJobSpec:
+    return ShardJobSpec("score_logprobs", parse_logprob_row, render_score, tally_score, stage=ScoreStage,
+                        stage_kwargs={"scoring": scoring.model_dump()})
 
 
 def render_score(custom_id: str, result: dict) -> dict:

@@ -2,10 +2,13 @@
 
 Accepted input rows (one JSON object per JSONL line or Parquet row):
   * OpenAI Batch API: {"custom_id", "method", "url", "body": {"messages" | "prompt",
-    "max_tokens" | "max_completion_tokens", "temperature", "top_p", "stop", "seed", "model"}}
-  * plain: {"id", "prompt", optional sampling keys}
+    "max_tokens" | "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
+    "model"}}
+  * plain: {"id", "prompt", optional sampling keys and "n"}
   * HumanEval: {"task_id", "prompt", ...}; the other HumanEval fields are carried along
     untouched but not used.
+`n` (samples of one prompt) is validated here and left in the request for the job to
+expand (`sample_requests`): sample i is its own request and output line, id `ID#i`.
 Every failure becomes a `RowError` with a reason code, never an exception that would
 stop the job. Pure functions over dicts and strings: no Ray, no vLLM, no I/O.
 """
@@ -22,8 +25,10 @@ from actors.requests import RequestError, parse_request
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "stop", "seed")
 HUMANEVAL_EXTRA_KEYS = {"canonical_solution", "test", "entry_point"}
 # OpenAI body keys accepted and ignored: routing/format choices that a batch run fixes.
-IGNORED_BODY_KEYS = {"model", "user", "stream", "n"}
+IGNORED_BODY_KEYS = {"model", "user", "stream"}
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+SAMPLE_SEP = "#"  # sample i of row ID is `ID#i`
+MAX_SAMPLES_PER_ROW = 128
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ def parse_row(obj: Any) -> tuple[str, dict[str, Any], str]:
         return custom_id, _validated(custom_id, obj, extra, prompt_key="prompt"), "completion"
     if "id" in obj:
         custom_id = _require_str(obj, "id")
-        extra = set(obj) - {"id", "prompt", "messages", *SAMPLING_KEYS}
+        extra = set(obj) - {"id", "prompt", "messages", "n", *SAMPLING_KEYS}
         kind = "chat" if "messages" in obj else "completion"
         return custom_id, _validated(custom_id, obj, extra), kind
     raise RowError(
@@ -84,11 +89,9 @@ def _parse_openai_batch(obj: dict[str, Any]) -> tuple[str, dict[str, Any], str]:
     body = dict(body)
     if "max_completion_tokens" in body and "max_tokens" not in body:
         body["max_tokens"] = body.pop("max_completion_tokens")
-    if body.get("n", 1) != 1:
-        raise RowError("invalid_request", f"body.n must be 1, got {body['n']!r}", custom_id)
     if body.get("stream"):
         raise RowError("invalid_request", "body.stream must be false in a batch", custom_id)
-    extra = set(body) - {"prompt", "messages", *SAMPLING_KEYS} - IGNORED_BODY_KEYS
+    extra = set(body) - {"prompt", "messages", "n", *SAMPLING_KEYS} - IGNORED_BODY_KEYS
     kind = ENDPOINTS[url]
     prompt_key = "messages" if kind == "chat" else "prompt"
     if prompt_key not in body:
@@ -116,7 +119,35 @@ def _validated(
         parse_request(request)
     except RequestError as exc:
         raise RowError("invalid_request", f"{prefix}{exc}", custom_id) from None
+    if "n" in obj:
+        n = obj["n"]
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES_PER_ROW:
+            raise RowError("invalid_request", f"{prefix}n must be an int in 1..{MAX_SAMPLES_PER_ROW}, got {n!r}",
+                           custom_id)
+        request["n"] = n
     return request
+
+
+def sample_requests(custom_id: str, request: dict[str, Any], default_n: int = 1,
+                    default_temperature: float = 0.0) -> list[tuple[str, dict[str, Any]]]:
+    """A validated request -> one (custom_id, request) per sample: the row's `n`, else
+    `default_n`. With n > 1 sample i is `ID#i`, and a row's seed becomes seed + i (each
+    sample reproducible and distinct). n > 1 greedy samples would be n copies: refused."""
+    request = dict(request)
+    n = request.pop("n", default_n)
+    if n == 1:
+        return [(custom_id, request)]
+    if request.get("temperature", default_temperature) <= 0:
+        raise RowError("invalid_request", f"n={n} samples need temperature > 0 (greedy gives {n} copies), "
+                       f"got temperature {request.get('temperature', default_temperature)!r}", custom_id)
+    samples = []
+    for i in range(n):
+        sample_id = f"{custom_id}{SAMPLE_SEP}{i}"
+        sample = {**request, "id": sample_id}
+        if "seed" in request:
+            sample["seed"] = request["seed"] + i
+        samples.append((sample_id, sample))
+    return samples
 
 
 # -- output lines -----------------------------------------------------------------------

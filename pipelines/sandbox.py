@@ -49,7 +49,8 @@ Programs cannot use POSIX shared memory or semaphores (/dev/shm is read-only), s
 `multiprocessing` pools fail; fork, threads and subprocesses work within the limits.
 
 This module is the caller's side (slots, the command line, classifying how a run ended);
-stage 2 is pipelines.sandbox_pid1.
+stage 2 is pipelines.sandbox_pid1. The limits a run gets are configs.sandbox_limits.SandboxLimits
+(plain values; this module enforces them).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Iterator
 
-from pipelines.sandbox_pid1 import MAX_PROGRAM_BYTES, SAMPLE_ENV, MiB
+from configs.sandbox_limits import SandboxLimits  # also importable from here, as callers do
+from pipelines.sandbox_pid1 import MAX_PROGRAM_BYTES, SAMPLE_ENV
 
 PID1_SCRIPT = os.path.join(os.path.dirname(os.path.realpath(__file__)), "sandbox_pid1.py")
 HIDDEN_PATHS = ("/var/tmp", "/dev/shm", "/dev/mqueue", "/run", "/root", "/home")
@@ -80,30 +82,6 @@ STATUSES = ("ok", "error", "timeout", "cpu_time_limit", "memory_limit", "file_si
 
 class SandboxUnavailable(RuntimeError):
     """This host cannot sandbox (no namespaces, no util-linux); nothing was run."""
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Per-sandbox limits. Every value must be positive."""
-
-    timeout_s: float = 10.0  # wall clock, from the program's start
-    cpu_s: int = 5  # RLIMIT_CPU per process: SIGXCPU at cpu_s, SIGKILL a second later
-    memory_bytes: int = 512 * MiB  # RLIMIT_AS per process
-    file_size_bytes: int = 8 * MiB  # RLIMIT_FSIZE: any file, stdout/stderr included
-    max_processes: int = 16  # RLIMIT_NPROC for the sandbox's uid; threads count
-    max_open_files: int = 64
-    workdir_bytes: int = 32 * MiB  # tmpfs size of the working directory (RAM)
-    max_parallel_per_node: int = 4  # sandboxes running at once on one node
-    uid_base: int = 1_600_000_000  # per-slot uids uid_base .. + max_parallel_per_node - 1
-    slot_wait_s: float = 3600.0  # how long to wait for a free slot
-
-    def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"SandboxLimits.{name} must be a positive number, got {value!r}")
-        if self.uid_base + self.max_parallel_per_node >= 2**31:
-            raise ValueError(f"SandboxLimits.uid_base + max_parallel_per_node must stay below 2**31, "
-                             f"got {self.uid_base!r} + {self.max_parallel_per_node!r}")
 
 
 @dataclass(frozen=True)

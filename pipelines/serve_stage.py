@@ -17,14 +17,14 @@ import time
 from typing import Any
 
 from pipelines.backpressure import AdaptiveWindow
-from pipelines.stages import ROW_COLUMNS, _plain
+from pipelines.shardjob import columns, error_json, plain_rows
 
 BUSY_GIVE_UP_S = 3600.0
 MAX_REPLICA_FAILURES = 3
 
 
 class ServeStage:
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, cfg: dict[str, Any], board=None):
         from ray import serve
 
         from configs.schema import AppConfig
@@ -33,6 +33,7 @@ class ServeStage:
         self.handle = serve.get_app_handle(app.serve_app)
         client = app.batch_client
         self.window = AdaptiveWindow(client.initial_in_flight, client.max_in_flight, client.max_backoff_s)
+        self.board = board
 
     async def _call(self, request: dict[str, Any]) -> dict[str, Any]:
         from ray.serve.exceptions import BackPressureError
@@ -46,15 +47,14 @@ class ServeStage:
             await self.window.release()
 
     async def _run_row(self, row: dict[str, Any]) -> dict[str, Any]:
-        out = {k: row[k] for k in ROW_COLUMNS}
-        out.update(result=None, engine_key=None, engine_stats=None)
+        row["result"] = None
         if row["error"] is not None:
-            return out
-        request = json.loads(row["request"])
+            return row
+        payload = json.loads(row["payload"])
         started, attempt, failures = time.monotonic(), 0, 0
         while True:
             try:
-                result = await self._call(request)
+                result = await self._call(payload["request"])
             except Exception as exc:  # replica died / was replaced: try another one
                 failures += 1
                 if failures > MAX_REPLICA_FAILURES:
@@ -72,16 +72,14 @@ class ServeStage:
                 break
             await asyncio.sleep(self.window.backoff_s(attempt))
             attempt += 1
-        if "engine_stats" in result:
-            out["engine_key"] = f"replica-{result['replica_pid']}"
-            out["engine_stats"] = json.dumps(result.pop("engine_stats"))
+        if "engine_stats" in result and self.board is not None:
+            await self.board.report.remote(f"replica-{result['replica_pid']}", result.pop("engine_stats"))
+        result.pop("engine_stats", None)
         if result["ok"]:
-            out["result"] = json.dumps(result)
+            row["result"] = json.dumps({**result, "kind": payload["kind"]})
         else:
-            out["error"] = json.dumps(result["error"])
-        return out
+            row["error"] = error_json(result["error"]["reason"], result["error"]["message"])
+        return row
 
     async def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
-        rows = [_plain(dict(zip(batch, values))) for values in zip(*batch.values())]
-        done = await asyncio.gather(*(self._run_row(r) for r in rows))
-        return {k: [r[k] for r in done] for k in (*ROW_COLUMNS, "result", "engine_key", "engine_stats")}
+        return columns(list(await asyncio.gather(*(self._run_row(r) for r in plain_rows(batch)))))

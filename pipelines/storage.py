@@ -205,12 +205,3 @@ class OutputStore:
     def read_json(self, name: str) -> Any:
         with storage_errors("reading", self.uri_of(name)):
             return json.loads(self.fs.cat_file(self._path(name)))
-
-
-def plan_resume(fs_spec: FsSpec, input_uri: str, store: OutputStore) -> tuple[list[Shard], dict[str, dict], list[Shard]]:
-    """(all shards, markers of those already committed, shards still to run)."""
-    shards = list_shards(fs_spec, input_uri)
-    committed = store.committed()
-    todo = [s for s in shards if s.name not in committed]
-    log.info("%d shards: %d already committed, %d to run", len(shards), len(committed), len(todo))
-    return shards, committed, todo

@@ -28,9 +28,9 @@ def s3():
 
 @pytest.fixture(scope="session")
 def metrics_port() -> int:
-    from jobs.local_s3 import _free_port
+    from jobs.local_s3 import free_port
 
-    return _free_port()
+    return free_port()
 
 
 @pytest.fixture(scope="session")
@@ -39,10 +39,10 @@ def ray_local(s3, metrics_port):
     # the mode the app ships with (serving.serve_env), replicas' own ports on free ports.
     import ray
 
-    from jobs.local_s3 import _free_port
+    from jobs.local_s3 import free_port
     from serving.serve_env import serve_env
 
-    os.environ.update(serve_env(first_http_port=_free_port(), first_grpc_port=_free_port()))
+    os.environ.update(serve_env(first_http_port=free_port(), first_grpc_port=free_port()))
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
              _metrics_export_port=metrics_port)

@@ -7,7 +7,7 @@ workers need not import the tests folder.
 import os
 from pathlib import Path
 
-from pipelines.stages import EngineStage
+from pipelines.engine_stage import EngineStage
 
 
 class _FaultOnSecondBatch(EngineStage):
@@ -16,8 +16,8 @@ class _FaultOnSecondBatch(EngineStage):
 
     marker_path: str = ""  # set by the test before the class is shipped to workers
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
+    def __init__(self, cfg, **kwargs):
+        super().__init__(cfg, **kwargs)
         self.calls = 0
 
     def _fault_due(self) -> bool:

@@ -124,6 +124,25 @@ def test_malformed_lines_end_in_errors_with_reasons_and_counts_reconcile(s3, buc
     assert all(e["error"]["message"] for e in errors)
     assert summary["rows_in"] == len(lines) == summary["rows_ok"] + summary["rows_error"]
     assert (summary["rows_ok"], summary["rows_error"]) == (3, 5)
+    assert summary["errors_by_reason"] == {"bad_json": 1, "invalid_request": 1, "missing_field": 1,
+                                           "duplicate_custom_id": 1, "prompt_too_long": 1}
+    # The same, for a person: one page next to the summary, errors by reason drawn.
+    assert summary["report"].endswith("/mixed/out/_report.html")
+    page = s3.filesystem().cat_file(f"{bucket}/mixed/out/_report.html").decode()
+    assert "prompt_too_long" in page and "_report_errors.png" in page
+    assert s3.filesystem().cat_file(f"{bucket}/mixed/out/_report_errors.png")[:4] == b"\x89PNG"
+
+
+def test_n_samples_per_prompt_each_committed_once_under_its_own_id(s3, bucket, ray_local, tiny_models):
+    lines = [json.dumps({"id": f"t{i}", "prompt": f"def f{i}(x):", "max_tokens": 8}) for i in range(3)]
+    lines.append(json.dumps({"custom_id": "own", "url": "/v1/completions",  # the row's n wins over sampling.n
+                             "body": {"prompt": "def g():", "max_tokens": 8, "n": 2, "seed": 7}}))
+    s3.filesystem().pipe_file(f"{bucket}/n/in/a.jsonl", ("\n".join(lines) + "\n").encode())
+    summary = run_codegen(_cfg(s3, f"{bucket}/n/in", f"{bucket}/n/out", "sampling.n=4", "sampling.temperature=0.8"))
+    ids = [r["custom_id"] for r in _outputs(s3, f"{bucket}/n/out", "results")]
+    expected = [f"t{i}#{j}" for i in range(3) for j in range(4)] + ["own#0", "own#1"]
+    assert sorted(ids) == sorted(expected)  # every sample exactly once
+    assert summary["rows_in"] == summary["rows_ok"] == 14 and summary["reconciled"]
 
 
 def _job_with_a_fault(s3, bucket, tmp_path, stage_name: str, max_tokens: int) -> dict:

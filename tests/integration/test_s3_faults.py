@@ -12,7 +12,7 @@ from configs import load_config
 from jobs.codegen import main as codegen_main
 from jobs.codegen import run_codegen
 from jobs.score_code import run_score_code, write_codegen_input
-from pipelines.scoring import CodeScoringConfig
+from configs.schema import CodeScoringConfig
 from pipelines.storage import FsSpec
 from s3_faults import FaultyS3
 

@@ -211,9 +211,14 @@ def test_without_root_the_sandbox_uses_a_user_namespace_and_still_limits_process
         slots = workdir / "slots"  # that user's slot locks, in a place this test removes
         slots.mkdir(mode=0o700)
         os.chown(slots, 4242, 4242)
-        (workdir / "pipelines").mkdir()
-        for name in ("__init__.py", "sandbox.py", "sandbox_pid1.py"):
-            shutil.copy(REPO_ROOT / "pipelines" / name, workdir / "pipelines" / name)
+        # The sandbox's own files, stdlib only: the system python has no pydantic, hence an
+        # empty configs/__init__.py in place of the real one.
+        for package, names in (("pipelines", ("__init__.py", "sandbox.py", "sandbox_pid1.py")),
+                               ("configs", ("sandbox_limits.py",))):
+            (workdir / package).mkdir()
+            for name in names:
+                shutil.copy(REPO_ROOT / package / name, workdir / package / name)
+        (workdir / "configs" / "__init__.py").touch()
         (workdir / "probe.py").write_text(
             "import sys; sys.path.insert(0, sys.argv[1])\n"
             "from pipelines.sandbox import SandboxLimits, run_python\n"
@@ -222,9 +227,9 @@ def test_without_root_the_sandbox_uses_a_user_namespace_and_still_limits_process
             "bomb = run_python('import os\\nwhile True:\\n    os.fork()\\n', L)\n"
             "write = run_python(\"open('/usr/x', 'w')\", L)\n"
             "print(caps.status, caps.stdout_tail.strip(), '|', bomb.status, '|', write.detail)\n")
-        for d in (workdir, workdir / "pipelines"):
+        for d in (workdir, workdir / "pipelines", workdir / "configs"):
             d.chmod(0o755)
-        for f in [*workdir.glob("*.py"), *(workdir / "pipelines").iterdir()]:
+        for f in [*workdir.glob("*.py"), *(workdir / "pipelines").iterdir(), *(workdir / "configs").iterdir()]:
             f.chmod(0o644)
         proc = subprocess.run(["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", "/usr/bin/python3",
                                str(workdir / "probe.py"), str(workdir)],

@@ -15,7 +15,7 @@ from jobs.codegen import run_codegen
 from jobs.score_code import format_report, run_score_code, score_and_report, write_codegen_input
 from jobs.score_code import main as score_code_main
 from pipelines.sandbox import processes_of_uids
-from pipelines.scoring import split_scoring_overrides
+from configs.load import split_scoring_overrides
 from pipelines.storage import FsSpec
 
 pytestmark = pytest.mark.integration

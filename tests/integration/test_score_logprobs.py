@@ -16,7 +16,7 @@ import pytest
 
 from configs import load_config
 from jobs.score_logprobs import run_score_logprobs
-from pipelines.scoring import split_scoring_overrides
+from configs.load import split_scoring_overrides
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import ray
 from ray import serve
 
 from configs.schema import ServeConfig
-from jobs.local_s3 import _free_port
+from jobs.local_s3 import free_port
 from control.capacity import ReplicaCapacity
 from serving.autoscale import ReplicaReport, autoscaling_config, autoscaling_stats, reports_from_metrics
 
@@ -83,7 +83,7 @@ def num_replicas(app: str, state: str | None = None) -> int:
 def serve_apps(ray_local):
     # Ship the stand-in replica by value: Serve's workers cannot import the tests folder.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
+    serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
     apps = {"cap-low": LOW_CAPACITY, "cap-high": HIGH_CAPACITY}
     for name, capacity in apps.items():
         serve.run(app_for(capacity), name=name, route_prefix=f"/{name}")

@@ -14,7 +14,7 @@ import pytest
 from ray import serve
 
 from configs import load_config
-from jobs.local_s3 import _free_port
+from jobs.local_s3 import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -33,7 +33,7 @@ def num_replicas(state: str | None = None) -> int:
 
 @pytest.fixture()
 def app_url(ray_local, tiny_models):
-    port = _free_port()
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     cfg = load_config("tiny", [
         "pool.min_actors=1", "pool.max_actors=2", "engine.max_num_seqs=16",

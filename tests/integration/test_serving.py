@@ -12,7 +12,7 @@ from ray import serve
 
 from configs import load_config
 from jobs.codegen import run_codegen
-from jobs.local_s3 import _free_port
+from jobs.local_s3 import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +24,7 @@ FULL_LENGTH = {"ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def app_url(ray_local, tiny_models):
-    port = _free_port()
+    port = free_port()
     os.environ["PEAGLE_API_KEY"] = API_KEY
     try:
         from serving.app import deployment_for

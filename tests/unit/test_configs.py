@@ -1,13 +1,19 @@
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from configs import ConfigError, load_config, preset_names, resource_plan, to_vllm_kwargs
+from configs.sandbox_limits import SandboxLimits
+from configs.schema import CodeScoringConfig
 from configs.vllm_args import live_k_values
 
 pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
 
 GPU_PRESETS = {
     # preset: (expected head, expected tensor-parallel size per actor)
@@ -172,3 +178,36 @@ def test_importing_config_and_job_cli_does_not_import_vllm_or_torch():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_configs_imports_nothing_above_it_but_pure_control():
+    # configs is the bottom layer: of the project's own packages it may use only itself
+    # and control (pure policy). Parsed, not imported, so the check has no side effects.
+    own = {p.parent.name for p in REPO.glob("*/__init__.py")}
+    allowed = {"configs", "control"}
+    assert {"pipelines", "actors", "serving", "jobs", "benchmarks"} <= own - allowed
+    offending = []
+    for path in sorted((REPO / "configs").rglob("*.py")):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:  # relative: resolve against the importing module's package
+                    base = module.split(".")[: -node.level]
+                    targets = [".".join([*base, *([node.module] if node.module else [])])]
+                else:
+                    targets = [node.module]
+            else:
+                continue
+            for target in targets:
+                top = target.split(".")[0]
+                if top in own - allowed or not top:
+                    offending.append(f"{module} (line {node.lineno}): {ast.unparse(node)}")
+    assert not offending, "configs must not import from layers above it:\n" + "\n".join(offending)
+
+
+def test_code_scoring_defaults_are_the_sandbox_defaults():
+    assert CodeScoringConfig().sandbox_limits() == SandboxLimits()
+    limits = CodeScoringConfig(memory_mb=100, timeout_s=3).sandbox_limits()
+    assert limits.memory_bytes == 100 << 20 and limits.timeout_s == 3

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from pipelines.rows import RowError, error_line, parse_line, response_line
+from pipelines.rows import RowError, error_line, parse_line, response_line, sample_requests
 
 pytestmark = pytest.mark.unit
 
@@ -60,3 +60,29 @@ def test_output_lines_follow_openai_batch_shape():
     assert chat["object"] == "chat.completion" and chat["choices"][0]["message"]["content"] == "return 1"
     err = error_line("c3", "bad_json", "oops", 4)
     assert err["response"] is None and err["error"] == {"code": "bad_json", "message": "oops", "line": 4}
+
+
+def test_n_samples_of_one_row_get_stable_ids_and_distinct_seeds():
+    line = json.dumps({"custom_id": "t1", "url": "/v1/completions",
+                       "body": {"prompt": "def f():", "n": 3, "temperature": 0.7, "seed": 5}})
+    cid, request, _ = parse_line(line)
+    samples = sample_requests(cid, request)
+    assert [s for s, _ in samples] == ["t1#0", "t1#1", "t1#2"]
+    assert [r["seed"] for _, r in samples] == [5, 6, 7] and all(r["id"] == s for s, r in samples)
+    assert all("n" not in r for _, r in samples)  # the engine gets one plain request per sample
+    plain = parse_line('{"id": "p", "prompt": "x"}')
+    assert [s for s, _ in sample_requests(plain[0], plain[1], default_n=2, default_temperature=0.8)] == ["p#0", "p#1"]
+    assert sample_requests(plain[0], plain[1]) == [("p", plain[1])]
+
+
+@pytest.mark.parametrize("n, named", [(0, "got 0"), (1.5, "got 1.5"), ("2", "got '2'"), (129, "got 129")])
+def test_bad_n_is_refused_naming_the_value(n, named):
+    with pytest.raises(RowError) as err:
+        parse_line(json.dumps({"id": "a", "prompt": "x", "temperature": 0.5, "n": n}))
+    assert err.value.reason == "invalid_request" and named in err.value.message
+
+
+def test_greedy_n_samples_are_refused_rather_than_copied():
+    cid, request, _ = parse_line(json.dumps({"id": "a", "prompt": "x", "n": 2}))
+    with pytest.raises(RowError, match="temperature > 0"):
+        sample_requests(cid, request)

@@ -6,11 +6,12 @@ import sys
 
 import pytest
 
+from configs.load import split_scoring_overrides
 from pipelines.code_scoring import (ParseSamples, codegen_input_rows, humaneval_program, pass_at_k_report,
                                     render_result, tally_result, task_of)
 from pipelines.logprob_scoring import likelihood, parse_logprob_row
 from pipelines.rows import RowError
-from pipelines.scoring import ScoreCommitter, split_scoring_overrides
+from pipelines.sink import ShardCommitter
 from pipelines.storage import FsSpec, OutputStore
 
 pytestmark = pytest.mark.unit
@@ -100,7 +101,7 @@ def _row(shard, row_no, total, cid, passed=True, error=None):
 
 def test_committer_commits_a_shard_once_whatever_the_row_order(tmp_path):
     store = OutputStore(FsSpec(), str(tmp_path))
-    sink = ScoreCommitter(store, {"old"}, render_result, tally_result)
+    sink = ShardCommitter(store, {"old"}, render_result, tally_result)
     assert sink.add(_row("s", 2, 4, "c", passed=False)) is None
     assert sink.add(_row("s", 0, 4, "a")) is None
     assert sink.add(_row("s", 2, 4, "c", passed=False)) is None  # a retried task's duplicate
@@ -136,7 +137,7 @@ def test_scoring_overrides_are_typed_and_unknown_keys_refused():
 
 
 def test_scoring_modules_do_not_import_vllm_torch_or_ray():
-    code = ("import sys, pipelines.scoring, pipelines.code_scoring, pipelines.logprob_scoring, pipelines.sandbox, "
+    code = ("import sys, pipelines.shardjob, pipelines.sink, pipelines.engine_stage, pipelines.codegen, pipelines.code_scoring, pipelines.logprob_scoring, pipelines.sandbox, "
             "pipelines.passk, jobs.score_code, jobs.score_logprobs; "
             "print(sorted(m for m in ('vllm', 'torch', 'ray') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -4,7 +4,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.stages import ReadShard
+from pipelines.codegen import ParseRequests
+from pipelines.shardjob import ReadRows, shard_item
 from pipelines.storage import FsSpec, list_shards
 
 pytestmark = pytest.mark.unit
@@ -19,11 +20,11 @@ def test_parquet_and_jsonl_shards_are_listed_and_read_into_rows(tmp_path):
     (tmp_path / "in" / "_SUCCESS.json").write_text("{}")  # underscore files are not shards
     shards = list_shards(FsSpec(), str(tmp_path / "in"))
     assert [(s.name, s.format) for s in shards] == [("lines", "jsonl"), ("sub__part", "parquet")]
-    read = ReadShard(FsSpec())
-    parquet_rows = read({"shard": shards[1].name, "uri": shards[1].uri, "format": "parquet"})
+    read = ReadRows(FsSpec(), ParseRequests())
+    parquet_rows = read(shard_item(shards[1].name, [shards[1]]))
     assert [r["custom_id"] for r in parquet_rows] == ["p1", "p2"]
     assert all(r["shard_rows"] == 2 and r["error"] is None for r in parquet_rows)
-    jsonl_rows = read({"shard": shards[0].name, "uri": shards[0].uri, "format": "jsonl"})
+    jsonl_rows = read(shard_item(shards[0].name, [shards[0]]))
     assert [r["custom_id"] for r in jsonl_rows] == ["HumanEval/1", None]  # blank line skipped
     assert json.loads(jsonl_rows[1]["error"])["reason"] == "bad_json"
 

@@ -1,0 +1,168 @@
+"""The engine step of every engine shard job, its actor pool, and the side channel that
+brings the engines' counters to the driver.
+
+`EngineStage` holds one `actors.engine.Engine` per Ray Data actor and runs every row of a
+batch concurrently, at most `pool.max_requests_in_flight` rows in the engine at once;
+Ray Data runs several batches per actor at once, so vLLM keeps batching across rows and
+batches (no idle engine while the slowest row of one batch finishes). What one row asks
+of the engine is `run` (generation here; `pipelines.logprob_scoring.ScoreStage` scores).
+Rows that already carry an error pass through untouched.
+`engine_pool` maps a stage over a dataset on the actor pool a `ResourcePlan` sizes.
+After each batch a stage reports its engine's cumulative statistics to the job's
+`EngineBoard` (a small Ray actor), awaited before the batch's rows go on, so the driver
+reads every engine's final counters once the dataset is drained; `EngineReports` totals
+them. Knows nothing about S3, row formats or commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from actors.spec_stats import SpecDecodeStats
+from pipelines.shardjob import columns, error_json, plain_rows
+
+if TYPE_CHECKING:
+    import ray.data
+
+    from configs.plan import ResourcePlan
+    from configs.schema import AppConfig
+
+# Batches one actor works on at once: Ray Data runs up to this many calls of an async
+# UDF concurrently per task (RAY_DATA_DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY, 4). A slow
+# row holds back only its own batch's output; the engine keeps batching the others.
+CONCURRENT_BATCHES_PER_ACTOR = 4
+
+
+def engine_batch_size(cfg: "AppConfig") -> int:
+    """Rows per engine batch, so that the batches one actor runs at once add up to
+    `pool.max_requests_in_flight` requests in the engine."""
+    return max(1, math.ceil(cfg.pool.max_requests_in_flight / CONCURRENT_BATCHES_PER_ACTOR))
+
+
+def shards_to_keep_busy(num_engines: int) -> int:
+    """Input shards that keep `num_engines` engines busy: each reads as one block and an
+    engine works on CONCURRENT_BATCHES_PER_ACTOR blocks at once, so that a block that ends
+    (or a slow one) never drains it; fewer shards leave engines idle."""
+    return num_engines * CONCURRENT_BATCHES_PER_ACTOR
+
+
+class EngineStage:
+    """map_batches callable class (run on an actor pool): rows -> rows + `result` JSON."""
+
+    def __init__(self, cfg: dict[str, Any], board=None):
+        from actors.engine import Engine
+        from configs.schema import AppConfig
+
+        app = AppConfig.model_validate(cfg)
+        self.engine = Engine(app.engine, app.sampling, device=app.pool.device)
+        self.engine_key = f"{os.getpid()}-{time.time_ns()}"
+        # Rows in the engine at once, across all batches and blocks this actor holds.
+        self.slots = asyncio.Semaphore(app.pool.max_requests_in_flight)
+        self.board = board
+
+    async def run(self, custom_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """One row -> the engine's answer: a result, or {"ok": False, "error": {reason, message}}."""
+        out = await self.engine.generate(payload["request"])
+        return {**out, "kind": payload["kind"]}
+
+    async def _run_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        row["result"] = None
+        if row["error"] is None:
+            async with self.slots:
+                out = await self.run(row["custom_id"], json.loads(row["payload"]))
+            if out.get("ok", True):
+                row["result"] = json.dumps(out)
+            else:
+                row["error"] = error_json(out["error"]["reason"], out["error"]["message"])
+        return row
+
+    async def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
+        rows = await asyncio.gather(*(self._run_row(r) for r in plain_rows(batch)))
+        if self.board is not None:
+            await self.board.report.remote(self.engine_key, self.engine.stats_dict())
+        return columns(list(rows))
+
+    def __del__(self):
+        # Ray Data calls this when it retires the actor: stop the engine core first, so
+        # teardown does not log a spurious EngineDeadError from the output handler.
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            try:
+                engine.shutdown()
+            except Exception:  # best effort at teardown; the process is going away anyway
+                pass
+
+
+def engine_pool(ds: "ray.data.Dataset", cfg: "AppConfig", plan: "ResourcePlan", stage_cls: type,
+                **stage_kwargs: Any) -> "ray.data.Dataset":
+    """`stage_cls(cfg=..., **stage_kwargs)` mapped over `ds` on `plan`'s actor pool."""
+    import ray.data
+
+    return ds.map_batches(
+        stage_cls,
+        fn_constructor_kwargs={"cfg": cfg.model_dump(mode="json"), **stage_kwargs},
+        compute=ray.data.ActorPoolStrategy(min_size=plan.min_actors, max_size=plan.max_actors),
+        batch_size=engine_batch_size(cfg),
+        batch_format="numpy",
+        # Several Ray Data tasks (blocks) per actor at once, so the engine does not drain
+        # at a block/shard boundary; the stage caps the requests actually in flight.
+        max_concurrency=CONCURRENT_BATCHES_PER_ACTOR,
+        **plan.ray_actor_options(),
+    )
+
+
+class EngineBoard:
+    """Ray actor (`start_board`): each engine's latest cumulative statistics, by key."""
+
+    def __init__(self):
+        self.latest: dict[str, dict[str, Any]] = {}
+
+    def report(self, key: str, stats: dict[str, Any]) -> None:
+        self.latest[key] = stats
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        return dict(self.latest)
+
+
+def start_board():
+    import ray
+
+    return ray.remote(num_cpus=0)(EngineBoard).remote()
+
+
+def read_board(board, timeout_s: float = 60.0) -> "EngineReports":
+    import ray
+
+    return EngineReports(ray.get(board.snapshot.remote(), timeout=timeout_s))
+
+
+class EngineReports:
+    """The engines' statistics as last reported (each engine reports cumulative values; a
+    restarted or replaced engine reports under a new key, so nothing is lost)."""
+
+    def __init__(self, per_engine: dict[str, dict[str, Any]]):
+        self.per_engine = per_engine
+
+    def spec_control(self) -> dict[str, dict[str, Any]]:
+        """Each engine's speculation controller (engines with a fixed K report none): K in
+        force, table, changes and their reasons."""
+        return {key: data["spec_control"] for key, data in sorted(self.per_engine.items())
+                if data.get("spec_control")}
+
+    def engine_events(self) -> dict[str, int]:
+        """Engines seen, and their rebuilds: after a dead engine core, and in all."""
+        return {"num_engines": len(self.per_engine),
+                "num_engine_deaths": sum(d.get("num_engine_deaths", 0) for d in self.per_engine.values()),
+                "num_restarts": sum(d.get("num_restarts", 0) for d in self.per_engine.values())}
+
+    def spec_stats(self) -> SpecDecodeStats:
+        """The engines' speculative-decoding counters, summed."""
+        total = SpecDecodeStats()
+        for data in self.per_engine.values():
+            total = total.merge(SpecDecodeStats.from_dict(data))
+        return total

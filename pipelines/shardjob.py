@@ -1,0 +1,148 @@
+"""What every shard job shares: the row schema, reading shards into rows, and draining a
+dataset into the job's committer (`pipelines.sink.ShardCommitter`).
+
+A shard job is a short spec over these: a parser (raw record -> [(custom_id, payload)]),
+a stage that adds `result` to rows (an engine stage, `pipelines.engine_stage`, or any
+other map_batches callable), and a render and tally for the committer. Codegen
+(`pipelines.codegen`), likelihood scoring (`pipelines.logprob_scoring`) and code scoring
+(`pipelines.code_scoring`) are three such specs.
+
+Row columns (all plain values): shard, row_no (unique within the shard: one input line
+may give several rows, e.g. n samples), line_no (1-based, across the shard's files),
+shard_rows, custom_id, payload (JSON for the stage), error (JSON {reason, message} or
+None); a stage adds `result` (JSON or None). Errors belong to rows: a bad line is one
+error row, an unreadable file one error row; only a store that refuses (retries spent)
+stops the job. Knows nothing about engines, S3 layout or commit semantics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pipelines.rows import RowError
+from pipelines.storage import FsSpec, Shard, StorageError, read_shard
+
+if TYPE_CHECKING:
+    import ray.data
+
+    from pipelines.sink import ShardCommitter
+
+log = logging.getLogger(__name__)
+
+ROW_COLUMNS = ("shard", "row_no", "line_no", "shard_rows", "custom_id", "payload", "error")
+# Reading and parsing is light; a fraction of a CPU keeps it from competing with the
+# engines for whole cores on small nodes.
+READ_CPUS = 0.25
+PROGRESS_EVERY_S = 10.0
+
+Parser = Callable[[Any, str, int], list[tuple[str, dict[str, Any]]]]
+
+
+def shard_item(name: str, files: list[Shard]) -> dict[str, Any]:
+    """One unit of work: a shard name and the files (read in order) that make it up."""
+    return {"shard": name, "files": json.dumps([[f.uri, f.format] for f in files])}
+
+
+def read_stage(ds: "ray.data.Dataset", fs_spec: FsSpec, parse: Parser) -> "ray.data.Dataset":
+    """shard items -> rows, as light CPU tasks."""
+    return ds.flat_map(ReadRows(fs_spec, parse), num_cpus=READ_CPUS)
+
+
+class ReadRows:
+    """flat_map callable: a shard item -> one row per parsed record. `parse(raw, shard,
+    line_no)` returns [(custom_id, payload)] or raises `RowError` (any other exception is
+    an `invalid_request` naming it); a bad line becomes one error row, an unreadable file
+    one error row: never a failed job."""
+
+    def __init__(self, fs_spec: FsSpec, parse: Parser):
+        self.fs_spec = fs_spec
+        self.parse = parse
+
+    def __call__(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        line_no = 0
+
+        def add(custom_id, payload, error):
+            rows.append({"shard": item["shard"], "row_no": len(rows), "line_no": line_no, "shard_rows": 0,
+                         "custom_id": custom_id, "payload": payload, "error": error})
+
+        for uri, fmt in json.loads(item["files"]):
+            try:
+                raws = list(read_shard(self.fs_spec, Shard(item["shard"], uri, fmt)))
+            except StorageError:  # the store refused (retries spent): stop the job, commit nothing of it
+                raise
+            except Exception as exc:  # a corrupt file: one error row
+                line_no += 1
+                add(None, None, error_json("unreadable_shard", f"{uri}: {type(exc).__name__}: {exc}"))
+                continue
+            for raw in raws:
+                line_no += 1
+                try:
+                    for custom_id, payload in self.parse(raw, item["shard"], line_no):
+                        add(custom_id, json.dumps(payload), None)
+                except RowError as err:
+                    add(err.custom_id, None, error_json(err.reason, err.message))
+                except Exception as exc:  # a parser that did not foresee this record: still the row's error
+                    add(None, None, error_json("invalid_request", f"{type(exc).__name__}: {exc}"))
+        for row in rows:
+            row["shard_rows"] = len(rows)
+        return rows
+
+
+def error_json(reason: str, message: str) -> str:
+    return json.dumps({"reason": reason, "message": message})
+
+
+def load_json_line(raw: Any) -> Any:
+    """A JSONL line decoded (a Parquet row arrives decoded already)."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise RowError("bad_json", f"{exc.msg} at column {exc.colno}: {raw[:80]!r}") from None
+
+
+def plain_rows(batch: dict[str, Any]) -> list[dict[str, Any]]:
+    """A numpy batch -> row dicts of Python values; an all-null column arrives as NaN."""
+    rows = []
+    for values in zip(*batch.values()):
+        row = {}
+        for key, value in zip(batch, values):
+            value = value.item() if hasattr(value, "item") else value
+            row[key] = None if isinstance(value, float) and math.isnan(value) else value
+        rows.append(row)
+    return rows
+
+
+def columns(rows: list[dict[str, Any]]) -> dict[str, list]:
+    """Rows with their `result` -> a batch of columns."""
+    return {k: [r.get(k) for r in rows] for k in (*ROW_COLUMNS, "result")}
+
+
+def drain(ds: "ray.data.Dataset", committer: "ShardCommitter", todo: list[str],
+          status: Callable[[], str] | None = None) -> None:
+    """Stream the dataset into the committer; every shard in `todo` ends committed. Logs
+    progress every PROGRESS_EVERY_S (`status()` adds the job's own words)."""
+    started = last = time.monotonic()
+    for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+        for row in batch.to_pylist():
+            committer.add(row)
+        if time.monotonic() - last >= PROGRESS_EVERY_S:
+            last = time.monotonic()
+            line = f"rows {committer.num_rows_seen} | shards committed {len(committer.markers)} | {last - started:.0f}s"
+            log.info(line + (f" | {status()}" if status else ""))
+    for name in todo:
+        if name not in committer.markers and name not in committer.pending:
+            committer.commit_empty(name)  # a shard with no rows at all
+    if committer.incomplete:
+        raise RuntimeError(f"shards ended incomplete (seen, expected): {committer.incomplete}")
+
+
+def totals(markers: dict[str, dict[str, Any]], keys: tuple[str, ...]) -> dict[str, float]:
+    return {k: sum(m.get(k, 0) for m in markers.values()) for k in keys}
