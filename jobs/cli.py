@@ -15,6 +15,9 @@ from typing import Any, Callable
 from configs import AppConfig, ConfigError, load_config, resource_plan, to_vllm_kwargs
 
 
+OUTPUTS = "results: {out}/results/  errors: {out}/errors/  summary: {out}/_summary.json"
+
+
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument(
@@ -133,6 +136,39 @@ def run_or_explain(run: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
             raise
         print(f"error: {cause}", file=sys.stderr)
         return None
+
+
+def job_main(argv: list[str] | None, doc: str, run: Callable[[AppConfig], dict[str, Any]], where: str,
+             dry_run: Callable[[AppConfig], dict[str, Any]] | None = None, input_shards: bool = True,
+             engines: bool = True) -> int:
+    """A shard job's command line: parse, dry-run (the engines' plan unless the job runs
+    none, then `dry_run(cfg)`'s own part), refuse a run without input/output or (`input_shards`) with no shard at the
+    input before starting Ray, run, print the summary and `where` (`{out}`: the output
+    prefix). Exit 0 when every row is accounted for, 1 when not, 2 on bad input."""
+    args = parser(doc.strip().splitlines()[0]).parse_args(argv)
+    cfg = parse_config(args)
+    if args.dry_run and not engines:
+        print(json.dumps(dry_run(cfg), indent=2))
+        return 0
+    if handle_dry_run(args, cfg):
+        if dry_run is not None:
+            print(json.dumps(dry_run(cfg), indent=2))
+        return 0
+    if not require_input_output(cfg):
+        return 2
+    if input_shards:
+        from pipelines.storage import FsSpec, list_shards
+
+        try:
+            list_shards(FsSpec(cfg.s3_endpoint_url), cfg.input)
+        except OSError as exc:  # no shards there, no such bucket, access denied
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    start_runtime()
+    summary = run_or_explain(lambda: run(cfg))
+    if summary is None:
+        return 2
+    return print_summary(summary, where.format(out=cfg.output.rstrip("/")))
 
 
 def print_summary(summary: dict[str, Any], where: str) -> int:

@@ -19,14 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from configs import AppConfig, ResourcePlan, resource_plan
-from jobs.speculation_plot import FILE_NAME as PLOT_FILE, timeline_png
-from jobs.cli import (
-    handle_dry_run, parse_config, parser, print_summary, require_input_output, run_or_explain, start_runtime,
-)
+from jobs.cli import OUTPUTS, job_main
 from jobs.job_report import write_report
+from jobs.speculation_plot import FILE_NAME as PLOT_FILE, timeline_png
 from pipelines.engine_stage import shards_to_keep_busy
 from pipelines.sink import summary_head
-from pipelines.storage import FsSpec, Shard, count_rows, list_shards
+from pipelines.storage import FsSpec, Shard, count_rows
 
 log = logging.getLogger("jobs.codegen")
 
@@ -157,23 +155,7 @@ def build_summary(cfg: AppConfig, run) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser(__doc__.strip().splitlines()[0]).parse_args(argv)
-    cfg = parse_config(args)
-    if handle_dry_run(args, cfg):
-        return 0
-    if not require_input_output(cfg):
-        return 2
-    try:
-        list_shards(FsSpec(cfg.s3_endpoint_url), cfg.input)  # fail fast, before starting Ray
-    except OSError as exc:  # no shards there, no such bucket, access denied
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    start_runtime()
-    summary = run_or_explain(lambda: run_codegen(cfg))
-    if summary is None:
-        return 2
-    out = cfg.output.rstrip("/")
-    return print_summary(summary, f"results: {out}/results/  errors: {out}/errors/  summary: {out}/_summary.json")
+    return job_main(argv, __doc__, run_codegen, OUTPUTS)
 
 
 if __name__ == "__main__":

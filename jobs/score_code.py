@@ -29,9 +29,7 @@ from typing import Any
 
 from configs import AppConfig
 from configs.schema import CodeScoringConfig
-from jobs.cli import (
-    parse_config, parser, print_summary, require_input_output, run_or_explain, start_runtime,
-)
+from jobs.cli import job_main
 from jobs.job_report import write_report
 from pipelines.sink import summary_head
 from pipelines.storage import FsSpec, OutputStore, Shard, list_shards
@@ -156,22 +154,12 @@ def format_report(gen: dict[str, Any], score: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser(__doc__.strip().splitlines()[0]).parse_args(argv)
-    cfg = parse_config(args)
-    scoring = cfg.scoring.code
-    if args.dry_run:
-        print(json.dumps({"input": cfg.input, "output": cfg.output, "scoring": {"code": scoring.model_dump()},
-                          "sandbox": scoring.sandbox_limits().__dict__}, indent=2))
-        return 0
-    if not require_input_output(cfg):
-        return 2
-    start_runtime()
-    summary = run_or_explain(lambda: run_score_code(cfg, scoring))
-    if summary is None:
-        return 2
-    out = cfg.output.rstrip("/")
-    return print_summary(summary, f"per sample: {out}/results/  per task: {out}/pass_at_k.jsonl  "
-                                  f"summary: {out}/_summary.json")
+    return job_main(argv, __doc__, lambda cfg: run_score_code(cfg, cfg.scoring.code),
+                    "per sample: {out}/results/  per task: {out}/pass_at_k.jsonl  summary: {out}/_summary.json",
+                    dry_run=lambda cfg: {"input": cfg.input, "output": cfg.output,
+                                         "scoring": {"code": cfg.scoring.code.model_dump()},
+                                         "sandbox": cfg.scoring.code.sandbox_limits().__dict__},
+                    input_shards=False, engines=False)  # input_shards() checks a codegen output
 
 
 if __name__ == "__main__":

@@ -25,9 +25,7 @@ from typing import Any
 
 from configs import AppConfig
 from configs.schema import LogprobScoringConfig
-from jobs.cli import (
-    handle_dry_run, parse_config, parser, print_summary, require_input_output, run_or_explain, start_runtime,
-)
+from jobs.cli import OUTPUTS, job_main
 from jobs.job_report import write_report
 from pipelines.shardjob import totals
 from pipelines.sink import summary_head
@@ -63,19 +61,8 @@ def run_score_logprobs(cfg: AppConfig, scoring: LogprobScoringConfig) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser(__doc__.strip().splitlines()[0]).parse_args(argv)
-    cfg = parse_config(args)
-    if handle_dry_run(args, cfg):
-        print(json.dumps({"scoring": {"logprobs": cfg.scoring.logprobs.model_dump()}}, indent=2))
-        return 0
-    if not require_input_output(cfg):
-        return 2
-    start_runtime()
-    summary = run_or_explain(lambda: run_score_logprobs(cfg, cfg.scoring.logprobs))
-    if summary is None:
-        return 2
-    out = cfg.output.rstrip("/")
-    return print_summary(summary, f"results: {out}/results/  errors: {out}/errors/  summary: {out}/_summary.json")
+    return job_main(argv, __doc__, lambda cfg: run_score_logprobs(cfg, cfg.scoring.logprobs), OUTPUTS,
+                    dry_run=lambda cfg: {"scoring": {"logprobs": cfg.scoring.logprobs.model_dump()}})
 
 
 if __name__ == "__main__":
