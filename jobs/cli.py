@@ -142,15 +142,13 @@ def job_main(argv: list[str] | None, doc: str, run: Callable[[AppConfig], dict[s
              dry_run: Callable[[AppConfig], dict[str, Any]] | None = None, input_shards: bool = True,
              engines: bool = True) -> int:
     """A shard job's command line: parse, dry-run (the engines' plan unless the job runs
-    none, then `dry_run(cfg)`'s own part), refuse a run without input/output or (`input_shards`) with no shard at the
-    input before starting Ray, run, print the summary and `where` (`{out}`: the output
-    prefix). Exit 0 when every row is accounted for, 1 when not, 2 on bad input."""
+    none, then `dry_run(cfg)`'s own part), refuse a run without input/output or
+    (`input_shards`) with no shard at the input before starting Ray, run, print the
+    summary and `where` (`{out}`: the output prefix). Exit 0 when every row is accounted
+    for, 1 when not, 2 on bad input."""
     args = parser(doc.strip().splitlines()[0]).parse_args(argv)
     cfg = parse_config(args)
-    if args.dry_run and not engines:
-        print(json.dumps(dry_run(cfg), indent=2))
-        return 0
-    if handle_dry_run(args, cfg):
+    if (args.dry_run and not engines) or handle_dry_run(args, cfg):
         if dry_run is not None:
             print(json.dumps(dry_run(cfg), indent=2))
         return 0
