@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale < 2 or args.rows < 1 or args.num_shards < 1:
         raise SystemExit(f"error: need --scale >= 2, --rows >= 1, --num-shards >= 1, got "
                          f"{args.scale!r}, {args.rows!r}, {args.num_shards!r}")
-    from jobs.local_s3 import LocalS3
+    from devtools.local_s3 import LocalS3
 
     out_dir, num_large = Path(args.out_dir), args.rows * args.scale
     shards = {"1x": args.num_shards, f"{args.scale}x": args.num_shards * (1 if args.same_shard_count else args.scale)}

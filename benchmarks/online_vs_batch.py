@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     from configs import load_config
     from jobs.codegen import run_codegen
     from jobs.demo import upload_humaneval
-    from jobs.local_s3 import LocalS3, free_port
+    from devtools.local_s3 import LocalS3, free_port
     from serving.app import deployment_for
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)

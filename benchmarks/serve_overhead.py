@@ -247,7 +247,7 @@ def run_load(url: str, load: str, num_prompts: int, args, out: Path, server_pid:
 
 
 def run_server(name: str, args, out_dir: Path) -> dict[str, Any]:
-    from jobs.local_s3 import free_port
+    from devtools.local_s3 import free_port
 
     port, direct_port = free_port(), free_port()
     url = f"http://127.0.0.1:{direct_port if name == 'project-direct' else port}"

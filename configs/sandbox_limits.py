@@ -1,8 +1,8 @@
 """The limits one sandboxed run gets: a plain frozen dataclass, and the one place their
 defaults are stated (`CodeScoringConfig` derives its field defaults from it).
 
-Knows nothing about how the limits are enforced: the sandbox (pipelines.sandbox and its
-stage 2, pipelines.sandbox_pid1) reads them. Standard library only, like pipelines.sandbox
+Knows nothing about how the limits are enforced: the sandbox (sandbox.launch and its
+stage 2, sandbox.pid1) reads them. Standard library only, like sandbox.launch
 which imports it (a test runs the two from a bare copy under a python without pydantic).
 """
 

@@ -20,8 +20,7 @@ from typing import Any
 
 from configs import AppConfig, ResourcePlan, resource_plan
 from jobs.cli import OUTPUTS, job_main
-from jobs.job_report import write_report
-from jobs.speculation_plot import FILE_NAME as PLOT_FILE, timeline_png
+from jobs.job_report import TIMELINE_FILE, write_report
 from pipelines.engine_stage import shards_to_keep_busy
 from pipelines.sink import summary_head
 from pipelines.storage import FsSpec, Shard, count_rows
@@ -44,12 +43,10 @@ def run_codegen(cfg: AppConfig, stage_cls: type | None = None) -> dict[str, Any]
     summary = build_summary(cfg, run)
     if run.plan.capacity is not None:
         summary["capacity"] = capacity_summary(run.plan, summary, len(run.todo))
-    spec_control = run.engines.spec_control()
-    png = timeline_png(spec_control)
-    if png is not None:
-        run.store.write_bytes(PLOT_FILE, png)
-        summary["speculation"]["timeline_plot"] = run.store.uri_of(PLOT_FILE)
-    write_report(run.store, summary, run.committer.markers, run.started_at, spec_control=spec_control)
+    written = write_report(run.store, summary, run.committer.markers, run.started_at,
+                           spec_control=run.engines.spec_control())
+    if TIMELINE_FILE in written:
+        summary["speculation"]["timeline_plot"] = run.store.uri_of(TIMELINE_FILE)
     run.store.write_text("_summary.json", json.dumps(summary, indent=2))
     return summary
 

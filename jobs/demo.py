@@ -26,10 +26,13 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from configs.vllm_args import REPO_ROOT
-from jobs.local_s3 import CREDENTIALS, LocalS3, free_port
+from devtools.local_s3 import CREDENTIALS, LocalS3, free_port
+from pipelines.storage import FsSpec, OutputStore
 
 BUCKET = "peagle-demo"
 READY_TIMEOUT_S = 180
@@ -189,8 +192,6 @@ def main(argv: list[str] | None = None) -> int:
             ok = submit(cluster, job_args, dict(CREDENTIALS))
             scored = None
             if ok and not args.no_score:
-                from jobs.score_code import score_and_report
-
                 scored = score_and_report(
                     s3.endpoint_url, output, f"s3://{BUCKET}/scores", print_report=False,
                     run_job=lambda a: submit(cluster, a, dict(CREDENTIALS), module="jobs.score_code"))
@@ -210,6 +211,49 @@ def main(argv: list[str] | None = None) -> int:
             print(scored["report"])
     print(f"demo finished in {time.monotonic() - started:.0f}s; stopped local Ray and S3")
     return 0
+
+
+def score_and_report(s3_endpoint_url: str, codegen_output: str, score_output: str,
+                     run_job: Callable[[list[str]], bool] | None = None,
+                     overrides: tuple[str, ...] = ("scoring.code.k=[1]",),
+                     print_report: bool = True) -> dict[str, Any]:
+    """Score a finished codegen output; return both summaries and a one-table report of
+    pass@1 next to the generation numbers (acceptance length, throughput), printed
+    unless `print_report` is false. `run_job(args)` runs `jobs.score_code` with those
+    arguments and says whether it succeeded (e.g. through `ray job submit`); by default
+    it runs as a local subprocess."""
+    args = ["--config", "tiny", f"input={codegen_output}", f"output={score_output}",
+            f"s3_endpoint_url={s3_endpoint_url}", *overrides]
+    if run_job is None:
+        run_job = (lambda a: subprocess.run([sys.executable, "-m", "jobs.score_code", *a], cwd=REPO_ROOT).returncode == 0)
+    if not run_job(args):
+        raise RuntimeError(f"jobs.score_code did not succeed for {codegen_output}")
+    fs_spec = FsSpec(s3_endpoint_url)
+    gen = OutputStore(fs_spec, codegen_output).read_json("_summary.json")
+    score = OutputStore(fs_spec, score_output).read_json("_summary.json")
+    report = format_report(gen, score)
+    if print_report:
+        print(report, flush=True)
+    return {"codegen": gen, "score_code": score, "report": report}
+
+
+def format_report(gen: dict[str, Any], score: dict[str, Any]) -> str:
+    spec = gen["speculation"]
+    length = spec.get("mean_acceptance_length")
+    pass1 = score["pass_at_k"].get("1")
+    cells = [
+        ("spec", f"{spec['method']} K={spec['num_speculative_tokens']}"),
+        ("acceptance length", f"{length:.2f}" if length else "n/a"),
+        ("output tok/s", f"{gen['this_run']['output_tokens_per_s']}"),
+        ("pass@1", f"{pass1:.3f}" if pass1 is not None else "n/a"),
+        ("samples", f"{score['num_samples']} ({score['num_passed']} passed)"),
+        ("tasks", f"{score['num_tasks_scored']}"),
+        ("statuses", ", ".join(f"{k} {v}" for k, v in sorted(score["statuses"].items()))),
+    ]
+    widths = [max(len(a), len(b)) for a, b in cells]
+    head = " | ".join(a.ljust(w) for (a, _), w in zip(cells, widths))
+    row = " | ".join(b.ljust(w) for (_, b), w in zip(cells, widths))
+    return f"\n=== generation vs. correctness ===\n{head}\n{row}"
 
 
 def speculating(args) -> bool:

@@ -2,8 +2,8 @@
 (`_report_*.png`), written next to the job's `_summary.json`.
 
 Owns what is drawn and how the page reads: throughput over the run, speculation acceptance
-by draft position, the K in force over time (`jobs.speculation_plot.timeline_png`), errors
-by reason, and score_code's pass@k by task. Each picture is drawn only when its data is
+by draft position, the K in force over time (`timeline_png`), errors by reason, and
+score_code's pass@k by task. Each picture is drawn only when its data is
 there. Takes plain dicts (the summary, this run's shard markers, the controller states, the
 per-task pass@k rows) and returns file contents; knows nothing about engines or Ray.
 `write_report` writes them through the job's output store and never fails a finished job.
@@ -16,11 +16,11 @@ import io
 import logging
 from typing import Any
 
-from jobs.speculation_plot import timeline_png
-
 log = logging.getLogger(__name__)
 
 HTML_FILE = "_report.html"
+TIMELINE_FILE = "_report_speculation.png"
+MAX_TIMELINE_PANELS = 8
 MAX_TASK_BARS = 60  # beyond this many tasks, a bar per task is unreadable: histogram instead
 
 
@@ -33,7 +33,7 @@ def job_report(summary: dict, markers: dict[str, dict], *, started_at: float,
         ("acceptance", *_acceptance(summary.get("speculation") or {})),
         ("speculation", "Per engine: running requests and the K in force over time "
                         "(shaded: engine running without its drafter).", timeline_png(spec_control or {})),
-        ("errors", *_errors(markers)),
+        ("errors", *_errors(summary)),
         ("pass_at_k", *_pass_at_k(summary, pass_at_k or [])),
     ]
     files = {f"_report_{name}.png": png for name, _, png in pictures if png is not None}
@@ -41,17 +41,19 @@ def job_report(summary: dict, markers: dict[str, dict], *, started_at: float,
     return {HTML_FILE: _page(summary, figures).encode(), **files}
 
 
-def write_report(store, summary: dict, markers: dict[str, dict], started_at: float, **kwargs: Any) -> None:
-    """Write the report next to the summary and name it there (`summary["report"]`). A
-    picture that cannot be drawn is logged: the job's results are committed already."""
+def write_report(store, summary: dict, markers: dict[str, dict], started_at: float, **kwargs: Any) -> set[str]:
+    """Write the report next to the summary and name it there (`summary["report"]`);
+    returns the names of the files written. A picture that cannot be drawn is logged: the
+    job's results are committed already."""
     try:
         files = job_report(summary, markers, started_at=started_at, **kwargs)
     except Exception as exc:  # a report is a view of the summary; never lose a finished job to it
         log.warning("job report not written: %s: %s", type(exc).__name__, exc)
-        return
+        return set()
     for name, data in files.items():
         store.write_bytes(name, data)
     summary["report"] = store.uri_of(HTML_FILE)
+    return set(files)
 
 
 def _esc(value: Any) -> str:
@@ -99,13 +101,17 @@ figure{{margin:2em 0}} img{{max-width:100%}} figcaption{{color:#555}}</style></h
 """
 
 
-def _figure(width_in: float = 8, height_in: float = 3.5):
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(width_in, height_in))
+    return plt
+
+
+def _figure(width_in: float = 8, height_in: float = 3.5):
+    return _pyplot().subplots(figsize=(width_in, height_in))
 
 
 def _png(fig) -> bytes:
@@ -159,21 +165,17 @@ def _acceptance(spec: dict) -> tuple[str, bytes | None]:
             "(a token counts only if all before it were)."), _png(fig)
 
 
-def _errors(markers: dict[str, dict]) -> tuple[str, bytes | None]:
-    counts: dict[str, int] = {}
-    for m in markers.values():
-        for reason, num in (m.get("error_reasons") or {}).items():
-            counts[reason] = counts.get(reason, 0) + num
-    counts = {reason: num for reason, num in counts.items() if num}
+def _errors(summary: dict) -> tuple[str, bytes | None]:
+    counts = {reason: num for reason, num in (summary.get("errors_by_reason") or {}).items() if num}
     if not counts:
         return "", None
     ordered = sorted(counts.items(), key=lambda kv: kv[1])  # largest at the top
     fig, ax = _figure(8, max(2.0, 1 + 0.4 * len(ordered)))
     ax.barh([r for r, _ in ordered], [n for _, n in ordered], color="tab:red")
     ax.set_xlabel("rows")
-    ax.set_title(f"Errors by reason ({sum(counts.values())} rows this run)")
+    ax.set_title(f"Errors by reason ({sum(counts.values())} rows)")
     listed = ", ".join(f"{reason} ({num})" for reason, num in reversed(ordered))
-    return f"Rows that went to the error output this run, by reason: {listed}.", _png(fig)
+    return f"Rows in the job's error output, by reason: {listed}.", _png(fig)
 
 
 def _pass_at_k(summary: dict, tasks: list[dict]) -> tuple[str, bytes | None]:
@@ -199,3 +201,35 @@ def _pass_at_k(summary: dict, tasks: list[dict]) -> tuple[str, bytes | None]:
         caption = f"pass@{k} of each task, in the order scored."
     ax.set_title(title)
     return caption, _png(fig)
+
+
+def timeline_png(per_engine: dict[str, dict[str, Any]]) -> bytes | None:
+    """The speculation controllers' timeline: per engine (at most `MAX_TIMELINE_PANELS`),
+    the requests running and the K in force over the job, from the `timeline` of each
+    controller state (`actors.spec_control`: [seconds since the engine started, running
+    requests, K in force, speculating]); spells without the drafter are shaded. PNG bytes,
+    or None when no engine recorded a timeline."""
+    engines = [(key, c["timeline"]) for key, c in sorted(per_engine.items()) if c.get("timeline")]
+    if not engines:
+        return None
+    engines = engines[:MAX_TIMELINE_PANELS]
+    fig, axes = _pyplot().subplots(len(engines), 1, figsize=(8, 2.6 * len(engines)), sharex=True, squeeze=False)
+    for ax, (key, timeline) in zip(axes[:, 0], engines):
+        t = [p[0] for p in timeline]
+        ax.step(t, [p[1] for p in timeline], where="post", color="tab:blue", label="running requests")
+        ax.set_ylabel("running requests", color="tab:blue")
+        ax.set_ylim(bottom=0)
+        k_ax = ax.twinx()
+        k_ax.step(t, [p[2] for p in timeline], where="post", color="tab:red", label="K in force")
+        k_ax.set_ylabel("K in force", color="tab:red")
+        k_ax.set_ylim(-0.3, max(max(p[2] for p in timeline), 1) + 0.5)
+        plain = [(a[0], b[0]) for a, b in zip(timeline, timeline[1:] + [timeline[-1]])
+                 if len(a) > 3 and not a[3]]
+        for i, (lo, hi) in enumerate(plain):
+            ax.axvspan(lo, hi, color="0.85", lw=0, label="engine without drafter" if i == 0 else None)
+        if plain:
+            ax.legend(loc="upper left", fontsize=7)
+        ax.set_title(f"engine {key}", fontsize=9)
+    axes[-1, 0].set_xlabel("seconds since the engine started")
+    fig.suptitle("Speculation controller: load and K in force")
+    return _png(fig)

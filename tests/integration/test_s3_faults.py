@@ -11,7 +11,8 @@ import pytest
 from configs import load_config
 from jobs.codegen import main as codegen_main
 from jobs.codegen import run_codegen
-from jobs.score_code import run_score_code, write_codegen_input
+from jobs.score_code import run_score_code
+from humaneval_inputs import write_codegen_input
 from configs.schema import CodeScoringConfig
 from pipelines.storage import FsSpec
 from s3_faults import FaultyS3

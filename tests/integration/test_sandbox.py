@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.sandbox import SandboxLimits, check_available, processes_of_uids, run_python
+from sandbox.launch import SandboxLimits, check_available, processes_of_uids, run_python
 
 pytestmark = pytest.mark.integration
 
@@ -213,7 +213,7 @@ def test_without_root_the_sandbox_uses_a_user_namespace_and_still_limits_process
         os.chown(slots, 4242, 4242)
         # The sandbox's own files, stdlib only: the system python has no pydantic, hence an
         # empty configs/__init__.py in place of the real one.
-        for package, names in (("pipelines", ("__init__.py", "sandbox.py", "sandbox_pid1.py")),
+        for package, names in (("sandbox", ("__init__.py", "launch.py", "pid1.py")),
                                ("configs", ("sandbox_limits.py",))):
             (workdir / package).mkdir()
             for name in names:
@@ -221,15 +221,15 @@ def test_without_root_the_sandbox_uses_a_user_namespace_and_still_limits_process
         (workdir / "configs" / "__init__.py").touch()
         (workdir / "probe.py").write_text(
             "import sys; sys.path.insert(0, sys.argv[1])\n"
-            "from pipelines.sandbox import SandboxLimits, run_python\n"
+            "from sandbox.launch import SandboxLimits, run_python\n"
             "L = SandboxLimits(timeout_s=5, cpu_s=1, max_processes=4, max_parallel_per_node=1)\n"
             "caps = run_python(\"print([l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')])\", L)\n"
             "bomb = run_python('import os\\nwhile True:\\n    os.fork()\\n', L)\n"
             "write = run_python(\"open('/usr/x', 'w')\", L)\n"
             "print(caps.status, caps.stdout_tail.strip(), '|', bomb.status, '|', write.detail)\n")
-        for d in (workdir, workdir / "pipelines", workdir / "configs"):
+        for d in (workdir, workdir / "sandbox", workdir / "configs"):
             d.chmod(0o755)
-        for f in [*workdir.glob("*.py"), *(workdir / "pipelines").iterdir(), *(workdir / "configs").iterdir()]:
+        for f in [*workdir.glob("*.py"), *(workdir / "sandbox").iterdir(), *(workdir / "configs").iterdir()]:
             f.chmod(0o644)
         proc = subprocess.run(["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", "/usr/bin/python3",
                                str(workdir / "probe.py"), str(workdir)],

@@ -12,9 +12,11 @@ import pytest
 
 from configs import load_config
 from jobs.codegen import run_codegen
-from jobs.score_code import format_report, run_score_code, score_and_report, write_codegen_input
+from humaneval_inputs import write_codegen_input
+from jobs.demo import format_report, score_and_report
+from jobs.score_code import run_score_code
 from jobs.score_code import main as score_code_main
-from pipelines.sandbox import processes_of_uids
+from sandbox.launch import processes_of_uids
 from configs.load import split_scoring_overrides
 from pipelines.storage import FsSpec
 

@@ -15,7 +15,7 @@ import ray
 from ray import serve
 
 from configs.schema import ServeConfig
-from jobs.local_s3 import free_port
+from devtools.local_s3 import free_port
 from control.capacity import ReplicaCapacity
 from serving.autoscale import ReplicaReport, autoscaling_config, autoscaling_stats, reports_from_metrics
 

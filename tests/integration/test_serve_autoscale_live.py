@@ -14,7 +14,7 @@ import pytest
 from ray import serve
 
 from configs import load_config
-from jobs.local_s3 import free_port
+from devtools.local_s3 import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

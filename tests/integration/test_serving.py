@@ -12,7 +12,7 @@ from ray import serve
 
 from configs import load_config
 from jobs.codegen import run_codegen
-from jobs.local_s3 import free_port
+from devtools.local_s3 import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@ import re
 import pytest
 
 from jobs.job_report import HTML_FILE, job_report
-from jobs.speculation_plot import timeline_png
+from jobs.job_report import timeline_png
 
 pytestmark = pytest.mark.unit
 
@@ -15,6 +15,7 @@ def _codegen_summary(input_uri="s3://bucket/prompts/"):
     return {
         "job": "codegen", "input": input_uri, "output": "s3://bucket/out/",
         "rows_in": 30, "rows_ok": 27, "rows_error": 3, "reconciled": True,
+        "errors_by_reason": {"context_length_exceeded": 3},
         "shards": {"total": 3, "committed": 3},
         "output_tokens": 4500,
         "this_run": {"elapsed_s": 90.0, "output_tokens": 4500, "output_tokens_per_s": 50.0},

@@ -186,7 +186,7 @@ def test_timeline_covers_the_whole_run_and_stays_bounded():
 
 
 def test_timeline_plot_is_a_png_per_engine_and_absent_without_a_controller():
-    from jobs.speculation_plot import timeline_png
+    from jobs.job_report import timeline_png
 
     ctl, engine, clock = controlled([0.02, 0.0, 0.0, 0.0])
     run(ctl, engine, clock, [4] * 5 + [1] * 20)
@@ -261,7 +261,7 @@ def test_a_short_burst_does_not_restart_and_a_disabled_replacement_never_does(dr
 
 
 def test_timeline_plot_shades_the_spell_without_the_drafter(drafter_costs, tmp_path):
-    from jobs.speculation_plot import timeline_png
+    from jobs.job_report import timeline_png
 
     cal, overrides = drafter_costs
     ctl, engine, clock = controlled(MIXED, overrides, cal)

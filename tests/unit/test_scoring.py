@@ -62,12 +62,19 @@ def test_human_eval_sample_lines_get_unique_ids_and_bad_lines_raise_row_errors()
         assert exc.value.reason == reason
 
 
-def test_codegen_input_has_n_rows_per_task_with_distinct_ids_and_seeds():
+def _samples(rows):
+    from pipelines.rows import parse_row, sample_requests
+
+    return [sample for row in rows for sample in sample_requests(*parse_row(row)[:2])]
+
+
+def test_codegen_input_gives_n_samples_per_task_with_distinct_ids_and_seeds():
     rows = codegen_input_rows(PROBLEMS, n=3, temperature=0.8, seed=10, max_tokens=64)
-    assert [r["id"] for r in rows] == [f"HumanEval/{t}#{i}" for t in range(2) for i in range(3)]
-    assert [r["seed"] for r in rows[:3]] == [10, 11, 12] and all(r["temperature"] == 0.8 for r in rows)
-    greedy = codegen_input_rows(PROBLEMS, n=1)
-    assert [r["id"] for r in greedy] == ["HumanEval/0", "HumanEval/1"] and "temperature" not in greedy[0]
+    samples = _samples(rows)
+    assert [sid for sid, _ in samples] == [f"HumanEval/{t}#{i}" for t in range(2) for i in range(3)]
+    assert [r["seed"] for _, r in samples[:3]] == [10, 11, 12] and all(r["temperature"] == 0.8 for _, r in samples)
+    greedy = _samples(codegen_input_rows(PROBLEMS, n=1))
+    assert [sid for sid, _ in greedy] == ["HumanEval/0", "HumanEval/1"] and "temperature" not in greedy[0][1]
     with pytest.raises(ValueError, match="temperature > 0"):
         codegen_input_rows(PROBLEMS, n=2, temperature=0.0)
     with pytest.raises(ValueError, match="got 0"):
@@ -137,7 +144,7 @@ def test_scoring_overrides_are_typed_and_unknown_keys_refused():
 
 
 def test_scoring_modules_do_not_import_vllm_torch_or_ray():
-    code = ("import sys, pipelines.shardjob, pipelines.sink, pipelines.engine_stage, pipelines.codegen, pipelines.code_scoring, pipelines.logprob_scoring, pipelines.sandbox, "
+    code = ("import sys, pipelines.shardjob, pipelines.sink, pipelines.engine_stage, pipelines.codegen, pipelines.code_scoring, pipelines.logprob_scoring, sandbox.launch, "
             "pipelines.passk, jobs.score_code, jobs.score_logprobs; "
             "print(sorted(m for m in ('vllm', 'torch', 'ray') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -1,6 +1,6 @@
-"""Stage 2 of a sandboxed run (the caller's side and the boundary it gives: pipelines.sandbox).
+"""Stage 2 of a sandboxed run (the caller's side and the boundary it gives: sandbox.launch).
 
-Started as `setpriv ... unshare --pid --fork ... python -I -S -B sandbox_pid1.py SPEC`,
+Started as `setpriv ... unshare --pid --fork ... python -I -S -B pid1.py SPEC`,
 it runs as PID 1 of the new PID namespace, still privileged: sets up the filesystem view,
 forks the program with its uid, rlimits and seccomp filter, supervises it, and reports
 how it ended as JSON on a file descriptor only it holds.

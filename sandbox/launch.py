@@ -5,7 +5,7 @@ per program. Linux only; uses what the OS ships: util-linux `unshare`/`setpriv`
 How one run works. The caller takes a per-node slot (a lock file; at most
 `max_parallel_per_node` sandboxes run on a node at once) and starts
 `setpriv --pdeathsig KILL unshare --pid --fork --kill-child --mount --mount-proc --net
---ipc --uts python -I -S sandbox_pid1.py SPEC`. Stage 2 (sandbox_pid1.py) runs as PID 1 of the new
+--ipc --uts python -I -S pid1.py SPEC`. Stage 2 (pid1.py) runs as PID 1 of the new
 PID namespace, still privileged, and:
   * remounts every mount read-only; hides /tmp, /var/tmp, /dev/shm, /dev/mqueue, /run,
     /root, /home and $HOME under empty read-only tmpfs (re-exposing only the
@@ -49,7 +49,7 @@ Programs cannot use POSIX shared memory or semaphores (/dev/shm is read-only), s
 `multiprocessing` pools fail; fork, threads and subprocesses work within the limits.
 
 This module is the caller's side (slots, the command line, classifying how a run ended);
-stage 2 is pipelines.sandbox_pid1. The limits a run gets are configs.sandbox_limits.SandboxLimits
+stage 2 is sandbox.pid1. The limits a run gets are configs.sandbox_limits.SandboxLimits
 (plain values; this module enforces them).
 """
 
@@ -70,9 +70,9 @@ from functools import lru_cache
 from typing import Iterator
 
 from configs.sandbox_limits import SandboxLimits  # also importable from here, as callers do
-from pipelines.sandbox_pid1 import MAX_PROGRAM_BYTES, SAMPLE_ENV
+from sandbox.pid1 import MAX_PROGRAM_BYTES, SAMPLE_ENV
 
-PID1_SCRIPT = os.path.join(os.path.dirname(os.path.realpath(__file__)), "sandbox_pid1.py")
+PID1_SCRIPT = os.path.join(os.path.dirname(os.path.realpath(__file__)), "pid1.py")
 HIDDEN_PATHS = ("/var/tmp", "/dev/shm", "/dev/mqueue", "/run", "/root", "/home")
 TAIL_BYTES = 4096
 OUTER_GRACE_S = 20.0  # stage-2 start-up on a loaded node; the inner timer is the real one
