@@ -1,5 +1,8 @@
-"""Engine actors: the vLLM engine wrapper (`actors.engine`, the only module that imports
-vLLM's engine), the Ray actor hosting it, and the pool that dispatches to them.
+"""The vLLM engine wrapper (`actors.engine`, the only module that imports vLLM's engine)
+and what it carries: request validation, spec-decode statistics, the live speculation
+controller and the engine-core utilities it drives. The hosts that put an engine in a Ray
+actor are the Ray Data stage (`pipelines.engine_stage`) and the Serve replica
+(`serving.app`).
 
 Importing `actors` itself is light; submodules are imported where they are used.
 """

@@ -97,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import ray
 
-    from jobs.humaneval_pool import humaneval_requests
+    from pipelines.code_scoring import read_problems
 
-    prompts = [r["prompt"] for r in humaneval_requests(args.prompts)]
+    prompts = [p["prompt"] for p in list(read_problems(None, None).values())[:args.prompts]]
     ray.init(ignore_reinit_error=True, log_to_driver=False)
     task = ray.remote(**resource_plan(cfg).ray_actor_options())(measure)
     result = ray.get(task.remote(cfg, prompts, args.max_tokens))

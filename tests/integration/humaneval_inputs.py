@@ -1,4 +1,5 @@
-"""HumanEval inputs for the code-scoring tests: `jobs.codegen` input with n samples per task."""
+"""HumanEval inputs for the tests: prompts as engine requests, and `jobs.codegen` input
+with n samples per task for the code-scoring tests."""
 
 from __future__ import annotations
 
@@ -6,6 +7,14 @@ import json
 from typing import Any
 
 from pipelines.storage import FsSpec
+
+
+def humaneval_requests(limit: int | None = None) -> list[dict]:
+    """The first `limit` HumanEval problems as `Engine.generate` requests, id = task_id."""
+    from pipelines.code_scoring import read_problems
+
+    problems = list(read_problems(None, None).values())[:limit]
+    return [{"id": p["task_id"], "prompt": p["prompt"]} for p in problems]
 
 
 def write_codegen_input(fs_spec: FsSpec, prefix: str, n: int, num_shards: int = 4, limit: int | None = None,

@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from actors.engine_lifecycle import ENGINE_DEATH_RETRIES
-from jobs.humaneval_pool import humaneval_requests
+from humaneval_inputs import humaneval_requests
 
 pytestmark = pytest.mark.integration
 

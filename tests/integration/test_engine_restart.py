@@ -15,7 +15,7 @@ import pytest
 from actors.spec_control import LiveSpecController
 from configs import load_config
 from control.calibration import load_calibration, save_calibration
-from jobs.humaneval_pool import humaneval_requests
+from humaneval_inputs import humaneval_requests
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import random
 import pytest
 
 from configs import load_config
-from jobs.humaneval_pool import humaneval_requests
+from humaneval_inputs import humaneval_requests
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ GPU_PRESETS = {
 
 def run_job(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "jobs.humaneval_pool", *args],
+        [sys.executable, "-m", "jobs.codegen", *args],
         capture_output=True,
         text=True,
         timeout=120,
