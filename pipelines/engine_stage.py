@@ -60,6 +60,7 @@ class EngineStage:
 
         app = AppConfig.model_validate(cfg)
         self.engine = Engine(app.engine, app.sampling, device=app.pool.device)
+        self.node_id = _node_id()
         self.engine_key = f"{os.getpid()}-{time.time_ns()}"
         # Rows in the engine at once, across all batches and blocks this actor holds.
         self.slots = asyncio.Semaphore(app.pool.max_requests_in_flight)
@@ -84,7 +85,7 @@ class EngineStage:
     async def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
         rows = await asyncio.gather(*(self._run_row(r) for r in plain_rows(batch)))
         if self.board is not None:
-            await self.board.report.remote(self.engine_key, self.engine.stats_dict())
+            await self.board.report.remote(self.engine_key, {**self.engine.stats_dict(), "node_id": self.node_id})
         return columns(list(rows))
 
     def __del__(self):
@@ -98,9 +99,20 @@ class EngineStage:
                 pass
 
 
+def _node_id() -> str | None:
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+
 def engine_pool(ds: "ray.data.Dataset", cfg: "AppConfig", plan: "ResourcePlan", stage_cls: type,
                 **stage_kwargs: Any) -> "ray.data.Dataset":
-    """`stage_cls(cfg=..., **stage_kwargs)` mapped over `ds` on `plan`'s actor pool."""
+    """`stage_cls(cfg=..., **stage_kwargs)` mapped over `ds` on `plan`'s actor pool.
+
+    Placement: an engine's tensor-parallel GPUs are one actor's resources, so Ray puts
+    them whole on one node (what a STRICT_PACK group of one-GPU bundles gives, with no
+    group to manage; vLLM runs its TP workers as processes of that actor). Engines spread
+    over the nodes (SPREAD), so a node lost takes as few engines as it can."""
     import ray.data
 
     return ds.map_batches(
@@ -112,6 +124,7 @@ def engine_pool(ds: "ray.data.Dataset", cfg: "AppConfig", plan: "ResourcePlan", 
         # Several Ray Data tasks (blocks) per actor at once, so the engine does not drain
         # at a block/shard boundary; the stage caps the requests actually in flight.
         max_concurrency=CONCURRENT_BATCHES_PER_ACTOR,
+        scheduling_strategy="SPREAD",
         **plan.ray_actor_options(),
     )
 
@@ -154,9 +167,14 @@ class EngineReports:
         return {key: data["spec_control"] for key, data in sorted(self.per_engine.items())
                 if data.get("spec_control")}
 
-    def engine_events(self) -> dict[str, int]:
-        """Engines seen, and their rebuilds: after a dead engine core, and in all."""
-        return {"num_engines": len(self.per_engine),
+    def engine_events(self) -> dict[str, Any]:
+        """Engines seen, the nodes they ran on (engines per node id), and their rebuilds:
+        after a dead engine core, and in all."""
+        nodes: dict[str, int] = {}
+        for data in self.per_engine.values():
+            node = data.get("node_id") or "unknown"
+            nodes[node] = nodes.get(node, 0) + 1
+        return {"num_engines": len(self.per_engine), "engines_by_node": dict(sorted(nodes.items())),
                 "num_engine_deaths": sum(d.get("num_engine_deaths", 0) for d in self.per_engine.values()),
                 "num_restarts": sum(d.get("num_restarts", 0) for d in self.per_engine.values())}
 

