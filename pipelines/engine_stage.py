@@ -143,9 +143,12 @@ class EngineBoard:
 
 
 def start_board():
+    """The board, on the driver's node: a node lost takes engines, never what the driver reads."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return ray.remote(num_cpus=0)(EngineBoard).remote()
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return ray.remote(num_cpus=0, scheduling_strategy=here)(EngineBoard).remote()
 
 
 def read_board(board, timeout_s: float = 60.0) -> "EngineReports":

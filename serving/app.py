@@ -29,6 +29,7 @@ import logging
 import os
 from typing import Any
 
+import ray
 from ray import serve
 
 from actors.requests import PRIORITY_BATCH
@@ -116,6 +117,7 @@ class EngineReplica:
         return {
             **self.engine.stats_dict(),
             "replica_pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
             "batch_in_flight": self.batch_gate.num_rows,
             "batch_paused": self.batch_gate.num_paused,
             "batch_limit": self.batch_gate.max_rows,

@@ -10,18 +10,26 @@ The engines themselves run on CPU; GPUs here are only what Ray places by.
 
 1. Placement: each GPU preset's engine pool (the job's `engine_pool`, with the plan's
    resources) runs a stage that reports its node and GPU ids instead of building an engine.
-2. The codegen job with the tiny model: two engines of 3 CPUs on workers of 4 CPUs (one
-   fits per worker), HumanEval prompts from S3 -> results on S3.
+2. The codegen job with the tiny model, two engines, HumanEval prompts from S3 -> S3.
+3. Online, a node lost under a request: the Serve app with two replicas (Serve's proxy on
+   the head), a long request running on one; that replica's node is killed. The request
+   ends (an error, not a hang), new requests succeed, the replica count comes back on the
+   other worker. A fresh worker then joins (as an autoscaler would add one).
+4. A node lost mid-job: the same job again on new input, the engines' batches on one
+   worker held there (injected: `HoldOnDoomedNode`) until that node is removed
+   (`Cluster.remove_node`, a raylet and everything on it killed, like a spot reclaim); the
+   job has to finish on the other worker with every row once.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from typing import Any
 
-WORKER = {"num_cpus": 4, "num_gpus": 4, "resources": {"accelerator_type:B200": 1}}
+WORKER = {"num_cpus": 8, "num_gpus": 4, "resources": {"accelerator_type:B200": 1}}
 
 
 class WhereAmI:
@@ -64,14 +72,161 @@ def placements(preset: str, overrides: list[str]) -> dict[str, Any]:
     return {"plan": plan.as_dict(), "hosts": sorted(hosts.values(), key=lambda w: (w["node"], w["gpus"]))}
 
 
-def codegen(args: dict[str, Any]) -> dict[str, Any]:
+def codegen(args: dict[str, Any], output: str, stage_cls: type | None = None) -> dict[str, Any]:
     from configs import load_config
     from jobs.codegen import run_codegen
 
-    cfg = load_config("tiny", [f"input={args['input']}", f"output={args['output']}",
+    cfg = load_config("tiny", [f"input={args['input']}", f"output={output}",
                                f"s3_endpoint_url={args['endpoint']}", "sampling.max_tokens=8",
                                "pool.min_actors=2", "pool.max_actors=2", "pool.cpus_per_actor=3"])
-    return run_codegen(cfg)
+    return run_codegen(cfg, stage_cls)
+
+
+class Doom:
+    """Ray actor (named "doom", on the head): the first engine to ask dooms its node."""
+
+    def __init__(self):
+        self.node: str | None = None
+        self.held = 0
+
+    def claim(self, node: str) -> bool:
+        self.node = self.node or node
+        if node == self.node:
+            self.held += 1
+        return node == self.node
+
+    def state(self) -> tuple[str | None, int]:
+        return self.node, self.held
+
+
+def _hold_on_doomed_node_class():
+    from pipelines.engine_stage import EngineStage
+
+    class HoldOnDoomedNode(EngineStage):
+        """The job's engine stage, except that on the doomed node a batch never finishes
+        (bounded): its rows are in flight when the node goes."""
+
+        async def __call__(self, batch):
+            import asyncio
+
+            import ray
+
+            if await ray.get_actor("doom").claim.remote(self.node_id):
+                await asyncio.sleep(600)
+                raise TimeoutError("the doomed node was not removed within 600 s")
+            return await super().__call__(batch)
+
+    return HoldOnDoomedNode
+
+
+def node_loss(args: dict[str, Any], cluster, workers) -> dict[str, Any]:
+    """Run the job; once a batch is held on a worker, remove that worker's node."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    doom = ray.remote(num_cpus=0, scheduling_strategy=here)(Doom).options(name="doom").remote()
+    outcome: dict[str, Any] = {}
+
+    def remove_when_held() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            node, held = ray.get(doom.state.remote())
+            if held:
+                outcome["removed_node"] = node
+                # Not graceful: the raylet and all on it killed, as when a spot node is reclaimed.
+                cluster.remove_node(next(w for w in workers if w.node_id == node), allow_graceful=False)
+                outcome["removed_at"] = time.monotonic()
+                return
+            time.sleep(0.2)
+
+    remover = threading.Thread(target=remove_when_held, daemon=True)
+    remover.start()
+    outcome["summary"] = codegen(args, args["output"] + "-node-loss", _hold_on_doomed_node_class())
+    outcome["recovery_s"] = time.monotonic() - outcome["removed_at"] if "removed_at" in outcome else None
+    remover.join(timeout=5)
+    return outcome
+
+
+def _wait(cond, what: str, timeout_s: float = 600):
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout_s} s")
+        time.sleep(0.5)
+
+
+def serve_node_loss(args: dict[str, Any], cluster, workers) -> dict[str, Any]:
+    import httpx
+    from ray import serve
+
+    from configs import load_config
+    from serving.app import deployment_for
+
+    url = f"http://127.0.0.1:{args['serve_port']}"
+    serve.start(http_options={"host": "127.0.0.1", "port": args["serve_port"], "location": "HeadOnly"})
+    cfg = load_config("tiny", ["pool.min_actors=2", "pool.max_actors=2", "pool.cpus_per_actor=3"])
+    serve.run(deployment_for(cfg), name="peagle", route_prefix="/")
+    handle = serve.get_app_handle("peagle")
+
+    def running() -> int:
+        app = serve.status().applications["peagle"].deployments["EngineReplica"]
+        return app.replica_states.get("RUNNING", 0)
+
+    out: dict[str, Any] = {"replicas_before": running()}
+    long: dict[str, Any] = {}
+
+    def long_request() -> None:
+        body = {"model": "tiny", "prompt": "def f(x):", "max_tokens": 2000, "ignore_eos": True}
+        try:
+            resp = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
+            long["status"] = resp.status_code
+        except httpx.HTTPError as exc:  # the connection itself dropped: also an end, not a hang
+            long["status"] = type(exc).__name__
+
+    caller = threading.Thread(target=long_request, daemon=True)
+    caller.start()
+    busy: dict[str, Any] = {}
+
+    def find_busy_replica() -> bool:  # a handle call goes to either replica: ask until the busy one answers
+        stats = handle.stats.remote().result()
+        if stats["signals"].get("num_running_reqs", 0) >= 1:
+            busy.update(stats)
+        return bool(busy)
+
+    _wait(find_busy_replica, "the long request running on a replica")
+    out["removed_node"] = busy["node_id"]
+    cluster.remove_node(next(w for w in workers if w.node_id == busy["node_id"]), allow_graceful=False)
+    removed_at = time.monotonic()
+    caller.join(timeout=600)
+    out["in_flight_ended"] = not caller.is_alive()
+    out["in_flight_status"] = long.get("status")
+
+    def served() -> bool:
+        try:
+            return httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "def g(x):", "max_tokens": 4},
+                              timeout=120).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    _wait(served, "a request served after the node loss")
+    out["first_success_s"] = time.monotonic() - removed_at
+    answered: dict[int, str] = {}  # replica pid -> node, from replicas that answer after the loss
+
+    def two_replicas_answer() -> bool:
+        try:  # a call routed to the lost replica fails until Serve has noticed
+            stats = handle.stats.remote().result(timeout_s=60)
+            answered[stats["replica_pid"]] = stats["node_id"]
+        except Exception:
+            pass
+        return len(answered) == 2 and running() == 2
+
+    _wait(two_replicas_answer, "two replicas answering again")
+    out["replicas_back_s"] = time.monotonic() - removed_at
+    out["replicas_after"] = sorted(answered.values())
+    out["after"] = [served() for _ in range(4)]
+    serve.shutdown()
+    return out
 
 
 def main(args: dict[str, Any]) -> dict[str, Any]:
@@ -82,11 +237,17 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
                                                             "include_dashboard": False})
     try:
         workers = [cluster.add_node(**WORKER) for _ in range(2)]
-        cluster.wait_for_nodes()
+        cluster.wait_for_nodes(timeout=300)
         ray.init(address=cluster.address, log_to_driver=False)
         out: dict[str, Any] = {"head": cluster.head_node.node_id, "workers": [w.node_id for w in workers]}
         out["placement"] = {name: placements(preset, overrides) for name, (preset, overrides) in args["placement"].items()}
-        out["codegen"] = codegen(args)
+        out["codegen"] = codegen(args, args["output"])
+        out["serve_node_loss"] = serve_node_loss(args, cluster, workers)
+        workers = [w for w in workers if w.node_id != out["serve_node_loss"]["removed_node"]]
+        workers.append(cluster.add_node(**WORKER))
+        cluster.wait_for_nodes(timeout=300)
+        out["workers_after_serve"] = [w.node_id for w in workers]
+        out["node_loss"] = node_loss(args, cluster, workers)
         return out
     finally:
         ray.shutdown()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from devtools.local_s3 import free_port
+from serving.serve_env import DIRECT_PORT_RANGE_VARS, GRPC_PORT_RANGE_VARS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -37,9 +38,13 @@ def cluster_run(repo_root, tiny_models, s3):
     # Ray's socket paths must stay under 108 bytes.
     ray_tmp = Path(os.environ["RAY_TMPDIR"]).parent / "mn"
     ray_tmp.mkdir()
-    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "PYTHONPATH": str(repo_root)}
+    # Serve through its proxy: replicas' own ports (the shipped mode) come from one port range
+    # per node, and these nodes share one machine's ports.
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("RAY_SERVE_THROUGHPUT_OPTIMIZED", *DIRECT_PORT_RANGE_VARS, *GRPC_PORT_RANGE_VARS)}
+    env.update({"RAY_TMPDIR": str(ray_tmp), "PYTHONPATH": str(repo_root)})
     args = {"port": free_port(), "endpoint": s3.endpoint_url, "placement": PLACEMENT,
-            "input": "s3://multinode/in", "output": "s3://multinode/out"}
+            "input": "s3://multinode/in", "output": "s3://multinode/out", "serve_port": free_port()}
     try:
         proc = subprocess.run([sys.executable, str(repo_root / "tests/integration/multinode_cluster.py"), json.dumps(args)],
                               cwd=repo_root, env=env, capture_output=True, text=True, timeout=600)
@@ -79,3 +84,32 @@ def test_codegen_job_across_nodes_every_row_once_engines_on_workers(cluster_run,
     ids = [json.loads(line)["custom_id"] for path in sorted(fs.find("multinode/out/results"))
            for line in fs.cat_file(path).decode().splitlines()]
     assert sorted(ids) == sorted(p["task_id"] for p in cluster_run["problems"])
+
+
+def test_codegen_job_survives_losing_a_worker_node_mid_job_every_row_once(cluster_run, s3):
+    lost = cluster_run["node_loss"]
+    # The node went while it held rows in flight (a batch there never finishes until it goes).
+    workers = cluster_run["workers_after_serve"]
+    assert lost["removed_node"] in workers and lost["recovery_s"] is not None
+    summary = lost["summary"]
+    assert summary["rows_in"] == summary["rows_ok"] == 16 and summary["reconciled"]
+    fs = s3.filesystem()
+    ids = [json.loads(line)["custom_id"] for path in sorted(fs.find("multinode/out-node-loss/results"))
+           for line in fs.cat_file(path).decode().splitlines()]
+    assert sorted(ids) == sorted(p["task_id"] for p in cluster_run["problems"])  # none lost, none twice
+    assert [line for path in fs.find("multinode/out-node-loss/errors") for line in fs.cat_file(path).splitlines()] == []
+    survivor = set(workers) - {lost["removed_node"]}
+    assert survivor <= set(summary["engines"]["engines_by_node"])
+    print(f"node lost mid-job: job finished {lost['recovery_s']:.1f} s after the node went")
+
+
+def test_serve_app_survives_losing_a_replicas_node(cluster_run):
+    lost = cluster_run["serve_node_loss"]
+    assert lost["replicas_before"] == 2 and lost["removed_node"] in cluster_run["workers"]
+    # The request running on the lost replica ended (an error or, retried, an answer), never hung.
+    assert lost["in_flight_ended"], lost
+    # New requests are served, and Serve brought the replica count back on the other worker.
+    survivor = set(cluster_run["workers"]) - {lost["removed_node"]}
+    assert lost["replicas_after"] == sorted(survivor) * 2 and lost["after"] == [True] * 4
+    print(f"serve node lost: request in flight ended with {lost['in_flight_status']}; first answer "
+          f"{lost['first_success_s']:.1f} s after, 2 replicas again {lost['replicas_back_s']:.1f} s after")
