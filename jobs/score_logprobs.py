@@ -33,12 +33,12 @@ from pipelines.sink import summary_head
 log = logging.getLogger("jobs.score_logprobs")
 
 
-def run_score_logprobs(cfg: AppConfig, scoring: LogprobScoringConfig) -> dict[str, Any]:
+def run_score_logprobs(cfg: AppConfig, scoring: LogprobScoringConfig, stage_cls: type | None = None) -> dict[str, Any]:
     """Run (or resume) the job; returns the summary it also writes to `_summary.json`."""
-    from pipelines.logprob_scoring import logprob_spec
+    from pipelines.logprob_scoring import ScoreStage, logprob_spec
     from pipelines.runner import run_shard_job
 
-    run = run_shard_job(cfg, logprob_spec(scoring))
+    run = run_shard_job(cfg, logprob_spec(scoring, stage_cls or ScoreStage))
     markers = {**run.committed_before, **run.committer.markers}
     count = totals(markers, ("rows", "ok", "errors", "num_tokens", "total_logprob"))
     mean = count["total_logprob"] / count["num_tokens"] if count["num_tokens"] else None

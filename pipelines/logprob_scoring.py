@@ -72,8 +72,8 @@ class ScoreStage(EngineStage):
         return result
 
 
-def logprob_spec(scoring: "LogprobScoringConfig") -> ShardJobSpec:
-    return ShardJobSpec("score_logprobs", parse_logprob_row, render_score, tally_score, stage=ScoreStage,
+def logprob_spec(scoring: "LogprobScoringConfig", stage_cls: type = ScoreStage) -> ShardJobSpec:
+    return ShardJobSpec("score_logprobs", parse_logprob_row, render_score, tally_score, stage=stage_cls,
                         stage_kwargs={"scoring": scoring.model_dump()})
 
 

@@ -15,7 +15,8 @@ The engines themselves run on CPU; GPUs here are only what Ray places by.
    the head), a long request running on one; that replica's node is killed. The request
    ends (an error, not a hang), new requests succeed, the replica count comes back on the
    other worker. A fresh worker then joins (as an autoscaler would add one).
-4. A node lost mid-job: the same job again on new input, the engines' batches on one
+4. A node lost mid-job: the same job again to a new output (then the log-prob scoring job,
+   after one more fresh worker joined), the engines' batches on one
    worker held there (injected: `HoldOnDoomedNode`) until that node is removed
    (`Cluster.remove_node`, a raylet and everything on it killed, like a spot reclaim); the
    job has to finish on the other worker with every row once.
@@ -83,7 +84,7 @@ def codegen(args: dict[str, Any], output: str, stage_cls: type | None = None) ->
 
 
 class Doom:
-    """Ray actor (named "doom", on the head): the first engine to ask dooms its node."""
+    """Ray actor (named, on the head): the first engine to ask dooms its node."""
 
     def __init__(self):
         self.node: str | None = None
@@ -99,19 +100,17 @@ class Doom:
         return self.node, self.held
 
 
-def _hold_on_doomed_node_class():
-    from pipelines.engine_stage import EngineStage
+def hold_on_doomed_node(stage: type, doom: str) -> type:
+    """`stage` (the job's engine stage), except that on the doomed node a batch never
+    finishes (bounded): its rows are in flight when the node goes."""
 
-    class HoldOnDoomedNode(EngineStage):
-        """The job's engine stage, except that on the doomed node a batch never finishes
-        (bounded): its rows are in flight when the node goes."""
-
+    class HoldOnDoomedNode(stage):
         async def __call__(self, batch):
             import asyncio
 
             import ray
 
-            if await ray.get_actor("doom").claim.remote(self.node_id):
+            if await ray.get_actor(doom).claim.remote(self.node_id):
                 await asyncio.sleep(600)
                 raise TimeoutError("the doomed node was not removed within 600 s")
             return await super().__call__(batch)
@@ -119,13 +118,15 @@ def _hold_on_doomed_node_class():
     return HoldOnDoomedNode
 
 
-def node_loss(args: dict[str, Any], cluster, workers) -> dict[str, Any]:
-    """Run the job; once a batch is held on a worker, remove that worker's node."""
+def node_loss(args: dict[str, Any], cluster, workers, job: str) -> dict[str, Any]:
+    """Run `job` (codegen | score_logprobs); once a batch is held on a worker, remove that
+    worker's node."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    doom = ray.remote(num_cpus=0, scheduling_strategy=here)(Doom).options(name="doom").remote()
+    name = f"doom-{job}"
+    doom = ray.remote(num_cpus=0, scheduling_strategy=here)(Doom).options(name=name).remote()
     outcome: dict[str, Any] = {}
 
     def remove_when_held() -> None:
@@ -142,10 +143,38 @@ def node_loss(args: dict[str, Any], cluster, workers) -> dict[str, Any]:
 
     remover = threading.Thread(target=remove_when_held, daemon=True)
     remover.start()
-    outcome["summary"] = codegen(args, args["output"] + "-node-loss", _hold_on_doomed_node_class())
+    try:
+        outcome["summary"] = (codegen(args, args["output"] + "-node-loss", hold_on_doomed_node(_engine_stage(), name))
+                              if job == "codegen" else score_logprobs(args, hold_on_doomed_node(_score_stage(), name)))
+    finally:
+        ray.kill(doom)
     outcome["recovery_s"] = time.monotonic() - outcome["removed_at"] if "removed_at" in outcome else None
     remover.join(timeout=5)
     return outcome
+
+
+def _engine_stage() -> type:
+    from pipelines.engine_stage import EngineStage
+
+    return EngineStage
+
+
+def _score_stage() -> type:
+    from pipelines.logprob_scoring import ScoreStage
+
+    return ScoreStage
+
+
+def score_logprobs(args: dict[str, Any], stage_cls: type) -> dict[str, Any]:
+    from configs import load_config
+    from configs.load import split_scoring_overrides
+    from jobs.score_logprobs import run_score_logprobs
+
+    cfg = load_config("tiny", [f"input={args['score_input']}", f"output={args['score_output']}",
+                               f"s3_endpoint_url={args['endpoint']}", "pool.min_actors=2", "pool.max_actors=2",
+                               "pool.cpus_per_actor=3"])
+    _, scoring = split_scoring_overrides([])
+    return run_score_logprobs(cfg, scoring.logprobs, stage_cls)
 
 
 def _wait(cond, what: str, timeout_s: float = 600):
@@ -229,6 +258,10 @@ def serve_node_loss(args: dict[str, Any], cluster, workers) -> dict[str, Any]:
     return out
 
 
+def _phase(name: str, started: float) -> None:
+    print(f"[multinode] {time.monotonic() - started:6.1f} s  {name}", file=sys.stderr, flush=True)
+
+
 def main(args: dict[str, Any]) -> dict[str, Any]:
     import ray
     from ray.cluster_utils import Cluster
@@ -236,18 +269,31 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "gcs_server_port": args["port"],
                                                             "include_dashboard": False})
     try:
+        started = time.monotonic()
         workers = [cluster.add_node(**WORKER) for _ in range(2)]
         cluster.wait_for_nodes(timeout=300)
         ray.init(address=cluster.address, log_to_driver=False)
         out: dict[str, Any] = {"head": cluster.head_node.node_id, "workers": [w.node_id for w in workers]}
+        _phase("placement", started)
         out["placement"] = {name: placements(preset, overrides) for name, (preset, overrides) in args["placement"].items()}
+        _phase("codegen", started)
         out["codegen"] = codegen(args, args["output"])
+        _phase("serve node loss", started)
         out["serve_node_loss"] = serve_node_loss(args, cluster, workers)
         workers = [w for w in workers if w.node_id != out["serve_node_loss"]["removed_node"]]
         workers.append(cluster.add_node(**WORKER))
         cluster.wait_for_nodes(timeout=300)
         out["workers_after_serve"] = [w.node_id for w in workers]
-        out["node_loss"] = node_loss(args, cluster, workers)
+        _phase("codegen node loss", started)
+        out["node_loss"] = node_loss(args, cluster, workers, "codegen")
+        # The scoring job on the survivor and one more fresh worker.
+        workers = [w for w in workers if w.node_id != out["node_loss"]["removed_node"]]
+        workers.append(cluster.add_node(**WORKER))
+        cluster.wait_for_nodes(timeout=300)
+        out["workers_after_codegen_loss"] = [w.node_id for w in workers]
+        _phase("scoring node loss", started)
+        out["score_node_loss"] = node_loss(args, cluster, workers, "score_logprobs")
+        _phase("done", started)
         return out
     finally:
         ray.shutdown()

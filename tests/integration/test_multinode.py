@@ -33,7 +33,11 @@ def cluster_run(repo_root, tiny_models, s3):
     problems = list(read_problems().values())[:16]
     fs = s3.filesystem()
     for i in range(8):
-        fs.pipe_file(f"multinode/in/shard-{i}.jsonl", "".join(json.dumps(p) + "\n" for p in problems[2 * i:2 * i + 2]).encode())
+        chunk = problems[2 * i:2 * i + 2]
+        fs.pipe_file(f"multinode/in/shard-{i}.jsonl", "".join(json.dumps(p) + "\n" for p in chunk).encode())
+        fs.pipe_file(f"multinode/score-in/shard-{i}.jsonl", "".join(
+            json.dumps({"custom_id": p["task_id"], "prompt": p["prompt"], "completion": p["canonical_solution"]}) + "\n"
+            for p in chunk).encode())
     # A Ray temp dir of its own next to the suite's (tests/conftest.py), its name short:
     # Ray's socket paths must stay under 108 bytes.
     ray_tmp = Path(os.environ["RAY_TMPDIR"]).parent / "mn"
@@ -44,10 +48,18 @@ def cluster_run(repo_root, tiny_models, s3):
            if key not in ("RAY_SERVE_THROUGHPUT_OPTIMIZED", *DIRECT_PORT_RANGE_VARS, *GRPC_PORT_RANGE_VARS)}
     env.update({"RAY_TMPDIR": str(ray_tmp), "PYTHONPATH": str(repo_root)})
     args = {"port": free_port(), "endpoint": s3.endpoint_url, "placement": PLACEMENT,
-            "input": "s3://multinode/in", "output": "s3://multinode/out", "serve_port": free_port()}
+            "input": "s3://multinode/in", "output": "s3://multinode/out", "serve_port": free_port(),
+            "score_input": "s3://multinode/score-in", "score_output": "s3://multinode/score-out"}
+    # A bound on five phases of engine start-ups on a loaded 2-core machine, not a speed; each
+    # phase's own waits are bounded inside. Ray's reaper stops the nodes if this is killed.
     try:
         proc = subprocess.run([sys.executable, str(repo_root / "tests/integration/multinode_cluster.py"), json.dumps(args)],
-                              cwd=repo_root, env=env, capture_output=True, text=True, timeout=600)
+                              cwd=repo_root, env=env, capture_output=True, text=True, timeout=2400)
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr or ""
+        err = err.decode(errors="replace") if isinstance(err, bytes) else err
+        pytest.fail(f"the multi-node run did not end in {exc.timeout} s; its phases:\n"
+                    + "\n".join(line for line in err.splitlines() if line.startswith("[multinode]")))
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -113,3 +125,16 @@ def test_serve_app_survives_losing_a_replicas_node(cluster_run):
     assert lost["replicas_after"] == sorted(survivor) * 2 and lost["after"] == [True] * 4
     print(f"serve node lost: request in flight ended with {lost['in_flight_status']}; first answer "
           f"{lost['first_success_s']:.1f} s after, 2 replicas again {lost['replicas_back_s']:.1f} s after")
+
+
+def test_scoring_job_survives_losing_a_worker_node_mid_job_every_row_once(cluster_run, s3):
+    lost, workers = cluster_run["score_node_loss"], cluster_run["workers_after_codegen_loss"]
+    assert lost["removed_node"] in workers and lost["recovery_s"] is not None
+    summary = lost["summary"]
+    assert summary["rows_in"] == summary["rows_ok"] == 16 and summary["reconciled"]
+    fs = s3.filesystem()
+    scored = [json.loads(line) for path in sorted(fs.find("multinode/score-out/results"))
+              for line in fs.cat_file(path).decode().splitlines()]
+    assert sorted(r["custom_id"] for r in scored) == sorted(p["task_id"] for p in cluster_run["problems"])
+    assert all(r["score"]["num_tokens"] > 0 for r in scored)
+    print(f"node lost mid-scoring: job finished {lost['recovery_s']:.1f} s after the node went")
