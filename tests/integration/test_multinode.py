@@ -1,5 +1,6 @@
-"""Across nodes: where engines land on a head + two GPU worker nodes, and the codegen job
-run over two nodes (tests/integration/multinode_cluster.py builds the cluster)."""
+"""Across nodes, on a head + GPU worker nodes built on this machine
+(tests/integration/multinode_cluster.py): where engines land, the codegen job run over the
+nodes, and a worker node lost under the Serve app, the codegen job and the scoring job."""
 
 import json
 import os
