@@ -1,6 +1,14 @@
 """Across nodes, on a head + GPU worker nodes built on this machine
 (tests/integration/multinode_cluster.py): where engines land, the codegen job run over the
-nodes, and a worker node lost under the Serve app, the codegen job and the scoring job."""
+nodes, and a worker node lost under the Serve app, the codegen job and the scoring job.
+
+Not collected by `make test` (the file name does not match test_*.py): run by hand,
+
+    .venv/bin/python -m pytest -q tests/integration/multinode_check.py
+
+It passed on this machine quiet and loaded, and failed twice under load: the Serve phase
+never saw its long request running within 600 s (cause not yet found). It joins the suite
+once that is understood."""
 
 import json
 import os
