@@ -262,6 +262,14 @@ def _phase(name: str, started: float) -> None:
     print(f"[multinode] {time.monotonic() - started:6.1f} s  {name}", file=sys.stderr, flush=True)
 
 
+def _replace_lost(cluster, workers: list, lost_node: str) -> list:
+    """The workers without the lost node, plus a fresh one (as an autoscaler would add)."""
+    kept = [w for w in workers if w.node_id != lost_node]
+    kept.append(cluster.add_node(**WORKER))
+    cluster.wait_for_nodes(timeout=300)
+    return kept
+
+
 def main(args: dict[str, Any]) -> dict[str, Any]:
     import ray
     from ray.cluster_utils import Cluster
@@ -280,16 +288,12 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
         out["codegen"] = codegen(args, args["output"])
         _phase("serve node loss", started)
         out["serve_node_loss"] = serve_node_loss(args, cluster, workers)
-        workers = [w for w in workers if w.node_id != out["serve_node_loss"]["removed_node"]]
-        workers.append(cluster.add_node(**WORKER))
-        cluster.wait_for_nodes(timeout=300)
+        workers = _replace_lost(cluster, workers, out["serve_node_loss"]["removed_node"])
         out["workers_after_serve"] = [w.node_id for w in workers]
         _phase("codegen node loss", started)
         out["node_loss"] = node_loss(args, cluster, workers, "codegen")
         # The scoring job on the survivor and one more fresh worker.
-        workers = [w for w in workers if w.node_id != out["node_loss"]["removed_node"]]
-        workers.append(cluster.add_node(**WORKER))
-        cluster.wait_for_nodes(timeout=300)
+        workers = _replace_lost(cluster, workers, out["node_loss"]["removed_node"])
         out["workers_after_codegen_loss"] = [w.node_id for w in workers]
         _phase("scoring node loss", started)
         out["score_node_loss"] = node_loss(args, cluster, workers, "score_logprobs")
