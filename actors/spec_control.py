@@ -240,22 +240,27 @@ class LiveSpecController:
 
     async def _consider_restart(self, signals, decision) -> None:
         """Restart the engine without its drafter (or back) when control.replacement says so."""
-        from control.replacement import decide_replacement, times_per_token_s
+        from control.replacement import decide_replacement, other_engine_faster_at_load, times_per_token_s
 
         if not self.replacement_enabled or self.engine.cfg.spec.method == "none":
             return
         b = min(max(signals.num_running_reqs, 1), self.config.max_num_seqs)
         self.recent_batch_sizes.append(b)
-        seen = decision.k_by_batch[min(self.recent_batch_sizes) - 1:max(self.recent_batch_sizes)]
-        k_table = int(decision.k_by_batch[b - 1])
         ctx = signals.mean_context_tokens_per_req or self.config.default_context_tokens_per_req
-        spec_s, plain_s = times_per_token_s(self.config.cost, self.state_.step_time_scale,
-                                            self.state_.acceptance.acceptance_per_pos, b, k_table, ctx, self.plain_factor)
+
+        def times(batch_size: int) -> tuple[int, float, float]:  # (K decided there, speculating, plain) s/token
+            k = int(decision.k_by_batch[batch_size - 1])
+            return (k, *times_per_token_s(self.config.cost, self.state_.step_time_scale,
+                                          self.state_.acceptance.acceptance_per_pos, batch_size, k, ctx,
+                                          self.plain_factor))
+
+        at_load = {size: times(size) for size in sorted(set(self.recent_batch_sizes))}
+        _, spec_s, plain_s = at_load[b]
         speculating = self.engine.speculating
         before = self.replacement_state
         verdict, after = decide_replacement(
             before, self.replacement_config, interval_s=self.interval_s,
-            table_all_off=not any(seen), drafting_wanted_at_load=all(seen),
+            other_faster_at_load=other_engine_faster_at_load(speculating, at_load.values()),
             time_per_token_now_s=spec_s if speculating else plain_s,
             time_per_token_other_s=plain_s if speculating else spec_s,
             switch_cost_s=self.switch_cost_s)

@@ -8,12 +8,16 @@ a plain engine by `jobs.profile_steps`), and getting there costs a restart: the 
 start-up time, measured at each start, during which the host serves nothing.
 
 The rule, on plain numbers:
-- **Wanted**: speculating, the decided table is K=0 at every batch size the load has run at
-  lately and a plain engine is predicted faster per output token at the current load by
-  more than `min_gain`; or plain, the table the controller would run (decided on the last
-  acceptance it measured) drafts at every batch size the load has run at lately and that is
-  predicted faster than the plain engine by more than `min_gain`. Between the two (drafting
-  at some of those batch sizes only) the engine stays as it is.
+- **Wanted**: speculating, a plain engine is predicted faster per output token than the
+  decided table at every batch size the load has run at lately (where the table says K=0
+  that is so whenever the drafter's pass costs anything; where it drafts, only if the
+  drafts do not pay for the drafter), and faster at the current load by more than
+  `min_gain`; or plain, the table the controller would run (decided on the last acceptance
+  it measured) drafts at every batch size the load has run at lately and is predicted
+  faster than the plain engine at each, at the current load by more than `min_gain`.
+  Between the two (each engine winning at some of those batch sizes) the engine stays as
+  it is. The table alone cannot say "restart": a drafting table can beat drafting off by
+  table (the drafter runs either way) and still lose to an engine without the drafter.
 - **Worth it**: the load has wanted the switch for `dwell_intervals` in a row, and what the
   switch saves over the expected rest of this load exceeds `cost_margin` x the switch
   cost. With no forecast of the load, the rest is taken to be as long as it has already
@@ -28,6 +32,7 @@ never below the healthy minimum) is asked outside this module.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 
@@ -66,31 +71,30 @@ def decide_replacement(
     config: ReplacementConfig,
     *,
     interval_s: float,
-    table_all_off: bool,
-    drafting_wanted_at_load: bool,
+    other_faster_at_load: bool,
     time_per_token_now_s: float,
     time_per_token_other_s: float,
     switch_cost_s: float,
 ) -> tuple[ReplacementDecision, ReplacementState]:
     """One interval. `time_per_token_*`: seconds per output token at the current load on
     the engine as it runs now and on the other one (speculating <-> plain).
-    `table_all_off` (K=0 at every batch size the load ran at lately) matters while
-    speculating, `drafting_wanted_at_load` (K>0 at all of them) while plain."""
+    `other_faster_at_load`: the other engine wins at every batch size the load ran at
+    lately (`other_engine_faster_at_load`)."""
     if interval_s <= 0 or switch_cost_s < 0 or time_per_token_now_s <= 0 or time_per_token_other_s <= 0:
         raise ValueError(f"need interval_s > 0, switch_cost_s >= 0 and positive times per token; got "
                          f"{interval_s!r}, {switch_cost_s!r}, {time_per_token_now_s!r}, {time_per_token_other_s!r}")
     since = state.intervals_since_switch + 1
     saving = 1.0 - time_per_token_other_s / time_per_token_now_s
-    wants_other = table_all_off if state.speculating else drafting_wanted_at_load
     target = "without speculation" if state.speculating else "with speculation"
-    wanted = wants_other and saving > config.min_gain
+    wanted = other_faster_at_load and saving > config.min_gain
     n = state.wanted_intervals + 1 if wanted else 0
     expected_rest_s = n * interval_s
     predicted_s = max(saving, 0.0) * expected_rest_s
     base = dict(saving_fraction=saving, predicted_saving_s=predicted_s, switch_cost_s=switch_cost_s)
     if not wanted:
-        why = (("drafting is on at some batch size" if state.speculating else "the table would not draft at this load")
-               if not wants_other else f"an engine {target} would save only {saving:.1%} per token "
+        why = (("the decided table beats a plain engine at some batch size the load ran at lately"
+                if state.speculating else "the table would not draft, or not pay, at some batch size the load ran at lately")
+               if not other_faster_at_load else f"an engine {target} would save only {saving:.1%} per token "
                f"(needs > {config.min_gain:.0%})")
         return (ReplacementDecision(False, state.speculating, reason=f"keep the engine: {why}", **base),
                 replace(state, wanted_intervals=0, intervals_since_switch=since))
@@ -106,6 +110,20 @@ def decide_replacement(
                 replace(state, wanted_intervals=n, intervals_since_switch=since))
     return (ReplacementDecision(True, not state.speculating, reason=f"restart {target}: {evidence}", **base),
             ReplacementState(speculating=not state.speculating, wanted_intervals=0, intervals_since_switch=0))
+
+
+def other_engine_faster_at_load(speculating: bool, times_by_batch: Iterable[tuple[int, float, float]]) -> bool:
+    """Whether the other engine wins at every batch size the load ran at lately.
+    `times_by_batch`: (K the decided table gives there, seconds per output token of the
+    speculating engine at that K, of a plain engine), one entry per batch size. Speculating:
+    the plain engine is faster at each (a K=0 entry included: the drafter's pass is still
+    paid). Plain: the table drafts at each and is faster there."""
+    rows = list(times_by_batch)
+    if not rows:
+        return False
+    if speculating:
+        return all(plain_s < spec_s for _, spec_s, plain_s in rows)
+    return all(k > 0 and spec_s < plain_s for k, spec_s, plain_s in rows)
 
 
 def times_per_token_s(

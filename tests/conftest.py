@@ -6,11 +6,13 @@ directory under /tmp/ray, vLLM's IPC sockets and rendezvous files and every othe
 file under /tmp, pytest's tmp_path base, the sandbox's slot locks, vLLM's and torch's
 caches and usage stats under ~, matplotlib's config) goes under one fresh temporary directory, set in the environment before Ray or
 vLLM is imported (child processes inherit it) and removed when the run ends. Two suites
-on one machine then never see each other's Ray sessions or caches.
+on one machine then never see each other's Ray sessions or caches. Ray's auth token is
+given through the environment, so Ray writes none to ~/.ray.
 """
 
 import atexit
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -43,6 +45,11 @@ tempfile.tempdir = os.environ["TMPDIR"]  # this process too (pytest's tmp_path b
 os.environ["VLLM_NO_USAGE_STATS"] = "1"
 os.environ["VLLM_DO_NOT_TRACK"] = "1"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+# Ray 2.60 turns token auth on for a new local cluster and, with no token given, writes one
+# to ~/.ray/auth_token. Auth stays on; this run's token comes through the environment, so
+# nothing is written under ~ (every Ray process of the run inherits it).
+os.environ["RAY_AUTH_MODE"] = "token"
+os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 # Serve kills a proxy that is not ready within 5 s (health check 10 s); starting a Python
 # worker on a loaded 2-core machine takes longer, and `serve.start` then fails on a killed
 # proxy. These are bounds on a start-up, not speeds; a deployment on real nodes keeps

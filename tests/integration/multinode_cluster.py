@@ -202,6 +202,17 @@ def serve_node_loss(args: dict[str, Any], cluster, workers) -> dict[str, Any]:
         app = serve.status().applications["peagle"].deployments["EngineReplica"]
         return app.replica_states.get("RUNNING", 0)
 
+    def served() -> bool:
+        try:
+            return httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "def g(x):", "max_tokens": 4},
+                              timeout=120).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    # `serve.run` returns once the replicas are up; the proxy on the head learns the route a
+    # moment later (longer on a loaded machine) and answers 404/503 until then. Send the long
+    # request only once the proxy serves.
+    _wait(served, "a request served through the proxy before the node loss")
     out: dict[str, Any] = {"replicas_before": running()}
     long: dict[str, Any] = {}
 
@@ -218,7 +229,9 @@ def serve_node_loss(args: dict[str, Any], cluster, workers) -> dict[str, Any]:
     busy: dict[str, Any] = {}
 
     def find_busy_replica() -> bool:  # a handle call goes to either replica: ask until the busy one answers
-        stats = handle.stats.remote().result()
+        if "status" in long and not busy:  # it ended before a replica was seen running it: say how
+            raise RuntimeError(f"the long request ended ({long['status']}) before a replica ran it")
+        stats = handle.stats.remote().result(timeout_s=60)
         if stats["signals"].get("num_running_reqs", 0) >= 1:
             busy.update(stats)
         return bool(busy)
@@ -230,13 +243,6 @@ def serve_node_loss(args: dict[str, Any], cluster, workers) -> dict[str, Any]:
     caller.join(timeout=600)
     out["in_flight_ended"] = not caller.is_alive()
     out["in_flight_status"] = long.get("status")
-
-    def served() -> bool:
-        try:
-            return httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "def g(x):", "max_tokens": 4},
-                              timeout=120).status_code == 200
-        except httpx.HTTPError:
-            return False
 
     _wait(served, "a request served after the node loss")
     out["first_success_s"] = time.monotonic() - removed_at

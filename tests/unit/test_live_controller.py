@@ -270,3 +270,20 @@ def test_timeline_plot_shades_the_spell_without_the_drafter(drafter_costs, tmp_p
     png = timeline_png({"engine-a": ctl.state()})
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     (tmp_path / "t.png").write_bytes(png)
+
+
+def test_a_plain_engine_beating_a_drafting_table_restarts_without_the_drafter():
+    # cpu-tiny as measured: the drafter's K=0 pass is half a step. At 8 running with these
+    # rates drafting at K=4 beats drafting off by table (the drafter runs either way), so
+    # the decided table never goes K=0; a plain engine still beats both.
+    acceptance = [0.6, 0.4, 0.2, 0.1]
+    ctl, engine, clock = controlled(acceptance, ["engine.spec.controller.acceptance_prior=[0.6, 0.4, 0.2, 0.1]"])
+    n_off = run_until(ctl, engine, clock, 8, lambda: engine.restarts == [False], 300)
+    assert n_off is not None, ctl.state()["replacement"]
+    decided = dense_from_schedule(ctl.state()["table"], 16, 4)
+    assert decided[8 - 1] == 4  # the table the controller would run drafts at this load
+    restart = ctl.state()["recent_restarts"][-1]
+    assert restart["speculating"] is False and "restart without speculation" in restart["reason"]
+    # The plain engine then runs as predicted: it stays plain at this load (no flapping).
+    run_until(ctl, engine, clock, 8, lambda: False, 3 * ctl.replacement_config.cooldown_intervals)
+    assert engine.restarts == [False] and ctl.state()["engine"] == "plain"

@@ -12,12 +12,12 @@ pytestmark = pytest.mark.unit
 CONFIG = ReplacementConfig(min_gain=0.05, dwell_intervals=5, cost_margin=2.0, cooldown_intervals=20)
 
 
-def run(state, intervals, *, speculating_wants=True, now=10.0, other=6.0, cost=20.0, interval_s=2.0):
+def run(state, intervals, *, other_wins=True, now=10.0, other=6.0, cost=20.0, interval_s=2.0):
     """Feed `intervals` identical intervals; the index of the first switch (or None) and the last state."""
     first = None
     for i in range(intervals):
-        d, state = decide_replacement(state, CONFIG, interval_s=interval_s, table_all_off=speculating_wants,
-                                      drafting_wanted_at_load=speculating_wants, time_per_token_now_s=now,
+        d, state = decide_replacement(state, CONFIG, interval_s=interval_s,
+                                      other_faster_at_load=other_wins, time_per_token_now_s=now,
                                       time_per_token_other_s=other, switch_cost_s=cost)
         if d.switch and first is None:
             first = i
@@ -43,7 +43,7 @@ def test_short_bursts_never_restart():
     for _ in range(10):  # 30 intervals of off-wanted, 1 interval not: the count starts over
         first, state = run(state, 30)
         assert first is None
-        first, state = run(state, 1, speculating_wants=False)
+        first, state = run(state, 1, other_wins=False)
     assert state.speculating and state.wanted_intervals == 0
 
 
@@ -56,13 +56,13 @@ def test_back_with_speculation_needs_the_cooldown_too():
     first, state = run(ReplacementState(), 51)
     assert first == 50 and not state.speculating  # switched in the last interval
     # Drafting pays again at once, and a lot: still held until the cooldown is over.
-    d, state = decide_replacement(state, CONFIG, interval_s=2.0, table_all_off=False, drafting_wanted_at_load=True,
+    d, state = decide_replacement(state, CONFIG, interval_s=2.0, other_faster_at_load=True,
                                   time_per_token_now_s=10.0, time_per_token_other_s=1.0, switch_cost_s=0.0)
     assert not d.switch
     switched_at = None
     for i in range(40):
-        d, state = decide_replacement(state, CONFIG, interval_s=2.0, table_all_off=False,
-                                      drafting_wanted_at_load=True, time_per_token_now_s=10.0,
+        d, state = decide_replacement(state, CONFIG, interval_s=2.0, other_faster_at_load=True,
+                                      time_per_token_now_s=10.0,
                                       time_per_token_other_s=1.0, switch_cost_s=0.0)
         if d.switch:
             switched_at = i
@@ -72,7 +72,7 @@ def test_back_with_speculation_needs_the_cooldown_too():
 
 def test_bad_numbers_are_refused_by_name():
     with pytest.raises(ValueError, match="switch_cost_s"):
-        decide_replacement(ReplacementState(), CONFIG, interval_s=2.0, table_all_off=True, drafting_wanted_at_load=False,
+        decide_replacement(ReplacementState(), CONFIG, interval_s=2.0, other_faster_at_load=True,
                            time_per_token_now_s=1.0, time_per_token_other_s=1.0, switch_cost_s=-1.0)
     with pytest.raises(ValueError, match="dwell_intervals"):
         ReplacementConfig(dwell_intervals=0)
@@ -108,3 +108,16 @@ def test_drafter_k0_cost_is_fitted_from_side_by_side_ratios_in_the_calibrations_
     none = fit_k0_draft_cost(cost, pairs(1.0, slowdown=1.0))
     assert none.k0_draft_fixed_s == none.k0_draft_per_req_s == 0.0
     assert fit_k0_draft_cost(cost, []) == cost
+
+
+def test_the_other_engine_must_win_at_every_batch_size_the_load_ran_at():
+    from control.replacement import other_engine_faster_at_load
+
+    # (K decided there, s/token speculating, s/token plain)
+    drafting_loses = [(4, 2.0, 1.5), (4, 1.2, 1.0), (0, 1.1, 0.9)]
+    assert other_engine_faster_at_load(True, drafting_loses)  # K>0 rows count: the drafter is dear
+    assert not other_engine_faster_at_load(True, drafting_loses + [(4, 0.8, 0.9)])
+    assert other_engine_faster_at_load(False, [(4, 0.8, 0.9), (4, 0.5, 0.6)])
+    assert not other_engine_faster_at_load(False, [(4, 0.8, 0.9), (0, 0.5, 0.6)])  # K=0 there: no drafting to come back for
+    assert not other_engine_faster_at_load(False, [(4, 0.8, 0.9), (4, 0.7, 0.6)])
+    assert not other_engine_faster_at_load(True, []) and not other_engine_faster_at_load(False, [])
