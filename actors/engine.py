@@ -28,7 +28,7 @@ from actors.requests import (
 )
 from actors.engine_lifecycle import EngineLifecycle, keep_serving, stop_engine
 from actors.spec_stats import SpecDecodeStats, StepWindow
-from configs.schema import EngineConfig, SamplingDefaults
+from configs.schema import EngineConfig, SamplingDefaults, SpecConfig
 from configs.vllm_args import live_k_values, to_vllm_kwargs
 
 log = logging.getLogger(__name__)
@@ -129,8 +129,11 @@ class Engine(EngineLifecycle):
             log_engine_initialized = staticmethod(sink.log_engine_initialized)
 
         self._sink, self._logger_cls = sink, _Logger
-        self.kwargs = to_vllm_kwargs(cfg)
-        self.speculating = cfg.spec.method != "none"  # False after a restart without speculation
+        # False after a restart without speculation, or from the start where the controller
+        # is told to start without the drafter (the config keeps it for the way back).
+        self.speculating = cfg.spec.method != "none" and (
+            cfg.spec.controller is None or cfg.spec.controller.replacement.start_speculating)
+        self.kwargs = to_vllm_kwargs(cfg if self.speculating else cfg.model_copy(update={"spec": SpecConfig()}))
         self._openai: tuple | None = None  # (app, args, tasks) once the OpenAI app is built
         self._init_lifecycle()
         self._start_llm(self.kwargs)

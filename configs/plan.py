@@ -4,7 +4,10 @@ Pure arithmetic over `AppConfig`; printed by `--dry-run` and used to set each ac
 Ray resources, so the plan shown is the plan run. Given the work (rows x output tokens),
 `resource_plan` also estimates, from the pool's step-cost calibration, what one engine
 delivers and how long the work takes, and with `pool.deadline_hours` sizes the pool's max
-to the engines the deadline needs (`control.capacity` does the arithmetic).
+to the engines the deadline needs (`control.capacity` does the arithmetic). Where the
+controller may run its engines without the drafter and the estimate finds an engine kept
+full faster so, the plan starts them that way (`engines_start_plain`, `engine_config`):
+a batch job fills its engines from the first row, so waiting to restart would only cost.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from configs.schema import AppConfig, SpecConfig
+from configs.schema import AppConfig, EngineConfig, SpecConfig
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,17 @@ class ResourcePlan:
     nodes_for_max_actors: int | None
     # On paper, for the work the plan was made for (None: no work given, or no calibration).
     capacity: dict[str, Any] | None = None
+    # The estimate found an engine kept full faster without its drafter, and the controller
+    # may bring the drafter back: the engines start plain (`engine_config`).
+    engines_start_plain: bool = False
+
+    def engine_config(self, cfg: AppConfig) -> AppConfig:
+        """`cfg` as this plan's engines start: without the drafter where the plan says so."""
+        if not self.engines_start_plain:
+            return cfg
+        out = cfg.model_copy(deep=True)
+        out.engine.spec.controller.replacement.start_speculating = False
+        return out
 
     def ray_actor_options(self) -> dict[str, Any]:
         """Resources one engine actor requests from Ray."""
@@ -54,6 +68,9 @@ class ResourcePlan:
             )
         if self.capacity is not None:
             line += f"; on paper ({self.capacity['calibration']}): {self.capacity['reason']}"
+        if self.engines_start_plain:
+            line += ("; engines start without the drafter (faster kept full, on paper; the controller "
+                     "brings it back when drafting pays)")
         return line
 
 
@@ -79,17 +96,21 @@ def resource_plan(cfg: AppConfig, num_rows: int | None = None) -> ResourcePlan:
         actors_per_node=per_node,
         nodes_for_max_actors=math.ceil(top / per_node) if per_node else None,
         capacity=capacity,
+        engines_start_plain=bool(capacity and not capacity["engine_drafter"] and cfg.engine.spec.method != "none"),
     )
 
 
-def _k_choices(spec: SpecConfig, max_num_seqs: int) -> tuple[list[int], int, bool]:
-    """(K values an engine of this spec may run at full batch, its start-up K, whether a
-    plain engine is one of its options)."""
+def _k_choices(engine: EngineConfig) -> tuple[list[int], int, bool]:
+    """(K values this engine may run at full batch, its start-up K, whether a plain engine
+    is one of its options)."""
+    spec, max_num_seqs = engine.spec, engine.max_num_seqs
+    from configs.vllm_args import live_k_values
+
     if spec.method == "none":
         return [], 0, True
     k = spec.num_speculative_tokens or 0
-    if spec.controller is not None:
-        return list(range(k + 1)), k, spec.controller.replacement.enabled
+    if spec.controller is not None:  # what it may put in force (P-EAGLE: 0 or k), or no drafter
+        return live_k_values(engine), k, spec.controller.replacement.enabled
     if spec.schedule:
         at_full = [kk for lo, hi, kk in spec.schedule if lo <= max_num_seqs <= hi]
         return [at_full[0] if at_full else spec.schedule[-1][2]], k, False  # past the table: its last K
@@ -110,9 +131,9 @@ def capacity_estimate(cfg: AppConfig, num_rows: int) -> dict[str, Any] | None:
         return None
     cal = load_calibration(calibration_file(name, "pool.calibration"))
     per_row = cfg.pool.output_tokens_per_row or cfg.sampling.max_tokens
-    k_choices, start_k, plain = _k_choices(cfg.engine.spec, cfg.engine.max_num_seqs)
+    k_choices, start_k, plain = _k_choices(cfg.engine)
     engine = full_engine_throughput(
-        cal.cost, cal.acceptance_per_pos, k_choices, start_k=start_k,
+        cal.cost, _expected_acceptance(cfg.engine.spec, cal.acceptance_per_pos), k_choices, start_k=start_k,
         max_num_seqs=cfg.engine.max_num_seqs, kv_capacity_tokens=cal.kv_capacity_tokens,
         # a running request's context, averaged over its decode: half its output (prompts unknown here)
         num_context_tokens_per_req=per_row / 2, plain_engine=plain)
@@ -127,6 +148,7 @@ def capacity_estimate(cfg: AppConfig, num_rows: int) -> dict[str, Any] | None:
         "output_tokens_per_row": per_row,
         "output_tokens": num_rows * per_row,
         "engine_batch_size": engine.batch_size,
+        "engine_drafter": engine.drafter,
         "engine_num_speculative_tokens": engine.num_speculative_tokens if engine.drafter else None,
         "engine_tokens_per_s": round(engine.tokens_per_s, 1),
         "deadline_hours": deadline_h,
@@ -137,3 +159,13 @@ def capacity_estimate(cfg: AppConfig, num_rows: int) -> dict[str, Any] | None:
         "hours_at_min_actors": round(size.hours_at_min, 4),
         "reason": size.reason,
     }
+
+
+def _expected_acceptance(spec: SpecConfig, calibrated: list[float] | None) -> list[float]:
+    """Per-position acceptance the estimate assumes: the synthetic rates where the engine
+    is told to accept at those, else the controller's prior (what it starts deciding
+    from), else the calibration's measurement."""
+    for rates in (spec.synthetic_acceptance_rates, spec.controller and spec.controller.acceptance_prior, calibrated):
+        if rates:
+            return list(rates)
+    return []

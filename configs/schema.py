@@ -28,9 +28,10 @@ class StrictModel(BaseModel):
 
 
 class ReplacementSettings(StrictModel):
-    """Drafting off by replacement (control/replacement.py): an engine whose table has been
-    K=0 everywhere restarts without its drafter when that pays for the restart, and back
-    with speculation when the load makes drafting pay again."""
+    """Drafting off by replacement (control/replacement.py): an engine that a plain engine
+    is predicted to beat at the load it has been running (whatever its table: K=0 still
+    pays for the drafter's pass) restarts without its drafter when that pays for the
+    restart, and back with speculation when the load makes drafting pay again."""
 
     enabled: bool = Field(True, description="Allow restarts; false keeps the drafter whatever the load.")
     min_gain: float = Field(
@@ -43,6 +44,18 @@ class ReplacementSettings(StrictModel):
         "must exceed this x the engine's measured start-up time.")
     cooldown_intervals: int = Field(
         20, ge=0, description="Controller intervals after a restart before the next one (no flapping).")
+    start_speculating: bool = Field(
+        True, description="False: the engine starts without its drafter (as after a restart without it) "
+        "and the controller brings the drafter back when the load makes drafting pay. A batch job "
+        "sets it from its capacity estimate when one engine kept full is predicted faster without "
+        "the drafter, which saves the restart a load that fills the engine would make anyway.")
+
+    @model_validator(mode="after")
+    def _check_start(self) -> "ReplacementSettings":
+        if not self.start_speculating and not self.enabled:
+            raise ValueError("replacement.start_speculating=false needs replacement.enabled=true: an engine "
+                             f"started without its drafter could never get it back; got {self!r}")
+        return self
 
 
 class SpecControllerConfig(StrictModel):

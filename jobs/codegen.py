@@ -82,7 +82,7 @@ def capacity_summary(plan: ResourcePlan, summary: dict[str, Any], num_shards_run
     run = summary["this_run"]
     engines = max(1, min(summary["engines"]["num_engines"], plan.max_actors))
     per_engine = run["output_tokens"] / run["elapsed_s"] / engines if run["elapsed_s"] > 0 else None
-    return {**plan.capacity, "shards_run": num_shards_run,
+    return {**plan.capacity, "engines_started_plain": plan.engines_start_plain, "shards_run": num_shards_run,
             "shards_to_keep_engines_busy": shards_to_keep_busy(plan.max_actors),
             "measured_hours": round(run["elapsed_s"] / 3600, 4),
             "measured_output_tokens": run["output_tokens"],

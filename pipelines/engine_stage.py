@@ -112,12 +112,14 @@ def engine_pool(ds: "ray.data.Dataset", cfg: "AppConfig", plan: "ResourcePlan", 
     Placement: an engine's tensor-parallel GPUs are one actor's resources, so Ray puts
     them whole on one node (what a STRICT_PACK group of one-GPU bundles gives, with no
     group to manage; vLLM runs its TP workers as processes of that actor). Engines spread
-    over the nodes (SPREAD), so a node lost takes as few engines as it can."""
+    over the nodes (SPREAD), so a node lost takes as few engines as it can. The engines
+    start as the plan says (`ResourcePlan.engine_config`: without the drafter where the
+    capacity estimate found that faster for the job's work)."""
     import ray.data
 
     return ds.map_batches(
         stage_cls,
-        fn_constructor_kwargs={"cfg": cfg.model_dump(mode="json"), **stage_kwargs},
+        fn_constructor_kwargs={"cfg": plan.engine_config(cfg).model_dump(mode="json"), **stage_kwargs},
         compute=ray.data.ActorPoolStrategy(min_size=plan.min_actors, max_size=plan.max_actors),
         batch_size=engine_batch_size(cfg),
         batch_format="numpy",

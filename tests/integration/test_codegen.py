@@ -99,6 +99,22 @@ def test_summary_reports_what_the_speculation_controller_did(s3, bucket, ray_loc
     assert plain is None or plain["speculation"]["controller"] is None  # fixed K: nothing to report
 
 
+def test_a_job_whose_engines_run_faster_plain_starts_them_without_the_drafter(s3, bucket, ray_local, tiny_models):
+    # cpu-tiny: kept full (32 rows at once), the tiny engine is faster without its drafter,
+    # and the controller may bring the drafter back: the plan starts the engine plain.
+    problems = _upload_humaneval(s3, f"{bucket}/plain/in", num_shards=2, limit=16)
+    run_codegen(_cfg(s3, f"{bucket}/plain/in", f"{bucket}/plain/out", "sampling.max_tokens=8",
+                     "engine.spec.controller.calibration=cpu-tiny"))
+    stored = json.loads(s3.filesystem().cat_file(f"{bucket}/plain/out/_summary.json"))
+    assert stored["rows_ok"] == 16 and stored["reconciled"]
+    assert sorted(r["custom_id"] for r in _outputs(s3, f"{bucket}/plain/out", "results")) == sorted(
+        p["task_id"] for p in problems)
+    assert stored["capacity"]["engine_drafter"] is False and stored["capacity"]["engines_started_plain"] is True
+    assert stored["speculation"]["num_drafts"] == 0  # the engine that ran the rows had no drafter
+    for c in stored["speculation"]["controller"].values():
+        assert c["engine"] == "plain" and c["k_in_force"] == 0 and c["restarts"] == 0
+
+
 def test_malformed_lines_end_in_errors_with_reasons_and_counts_reconcile(s3, bucket, ray_local, tiny_models):
     lines = [
         json.dumps({"custom_id": "ok-1", "url": "/v1/completions", "body": {"prompt": "def add(a, b):", "max_tokens": 8}}),

@@ -123,3 +123,20 @@ def test_controller_restarts_the_live_engine_when_its_numbers_say_so(tiny_models
         assert engine.stats.num_drafts == drafts
     finally:
         engine.shutdown()
+
+
+def test_an_engine_told_to_start_without_its_drafter_runs_plain_and_can_get_it_back(reference, loop):
+    # What a batch job's plan does where an engine kept full is faster plain.
+    engine = loop.start_engine([*CONTROLLED, "engine.spec.controller.replacement.start_speculating=false"])
+    try:
+        assert not engine.speculating and engine.controller.state()["engine"] == "plain"
+        assert engine.controller.state()["k_in_force"] == 0
+        assert loop.run(_generate(engine, PROMPTS)) == reference
+        assert engine.stats.num_drafts == 0  # vLLM built no drafter
+        out, _ = loop.run(_restart_mid_load(engine, speculating=True))
+        assert out == reference and engine.speculating
+        drafts = engine.stats.num_drafts
+        loop.run(_generate(engine, PROMPTS[:4]))
+        assert engine.stats.num_drafts > drafts
+    finally:
+        engine.shutdown()

@@ -125,3 +125,32 @@ def test_the_estimate_runs_the_k_the_preset_runs_at_a_full_batch():
     plain = resource_plan(load_config("tiny", ["engine.spec.method=none"]), 100).capacity
     assert plain["engine_num_speculative_tokens"] is None  # no drafter at all
     assert plain["engine_tokens_per_s"] > off["engine_tokens_per_s"]  # the drafter's K=0 pass costs
+
+
+def test_a_batch_job_starts_its_engines_without_the_drafter_where_that_is_faster_kept_full():
+    # cpu-tiny: the tiny head's drafter costs half a step, so at a full batch of 32 the
+    # engine is faster plain; the controller may restart it back, so the plan starts it plain.
+    cfg = load_config("tiny", ["engine.spec.controller.calibration=cpu-tiny"])
+    plan = resource_plan(cfg, 100)
+    assert plan.capacity["engine_drafter"] is False and plan.engines_start_plain
+    assert "engines start without the drafter" in plan.describe()
+    started = plan.engine_config(cfg)
+    assert started.engine.spec.controller.replacement.start_speculating is False
+    assert started.engine.spec.method == "peagle"  # kept for the way back
+    assert cfg.engine.spec.controller.replacement.start_speculating is True  # the job's config untouched
+    # No way back (replacement off), no controller, or no work given: the engines keep the drafter.
+    for other in (resource_plan(load_config("tiny", ["engine.spec.controller.calibration=cpu-tiny",
+                                                      "engine.spec.controller.replacement.enabled=false"]), 100),
+                  resource_plan(load_config("tiny"), 100), resource_plan(cfg)):
+        assert not other.engines_start_plain and other.engine_config(cfg) is cfg
+    # Where drafting pays at a full batch (the B200 calibration of the Qwen3-Coder preset):
+    # the engines start speculating.
+    gpu = resource_plan(load_config("qwen3-coder-30b-a3b-b200",
+                                    ["engine.spec.controller.calibration=b200-qwen3-coder-30b-a3b"]), 1000)
+    assert gpu.capacity["engine_drafter"] is True and not gpu.engines_start_plain
+
+
+def test_starting_without_the_drafter_needs_a_way_back():
+    with pytest.raises(ValueError, match="start_speculating=false needs replacement.enabled=true"):
+        load_config("tiny", ["engine.spec.controller.calibration=cpu-tiny",
+                             "engine.spec.controller.replacement={enabled: false, start_speculating: false}"])

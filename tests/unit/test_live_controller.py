@@ -287,3 +287,23 @@ def test_a_plain_engine_beating_a_drafting_table_restarts_without_the_drafter():
     # The plain engine then runs as predicted: it stays plain at this load (no flapping).
     run_until(ctl, engine, clock, 8, lambda: False, 3 * ctl.replacement_config.cooldown_intervals)
     assert engine.restarts == [False] and ctl.state()["engine"] == "plain"
+
+
+def test_an_engine_started_plain_stays_plain_under_a_full_load_and_gets_the_drafter_back_when_it_pays(drafter_costs):
+    # As a batch job's plan starts it (tests/unit/test_capacity_plan.py), from the same
+    # acceptance the plan assumed (the prior). MIXED: drafting pays at batch size 1 only;
+    # the drafter's K=0 pass as in `drafter_costs`.
+    cal, overrides = drafter_costs
+    cfg = load_config("tiny", OVERRIDES + overrides + [f"engine.spec.controller.acceptance_prior={MIXED}",
+                                                       "engine.spec.controller.replacement.start_speculating=false"]).engine
+    cfg.spec.schedule = startup_schedule(cfg)
+    engine = CalibratedEngine(cfg, MIXED, cal)
+    engine.speculating = False  # what actors.engine.Engine does with start_speculating=false
+    clock = Clock(cfg.spec.controller.interval_s)
+    ctl = LiveSpecController(engine, cfg, CAL.kv_capacity_tokens, measure=engine.measure, clock=clock)
+    assert ctl.state()["engine"] == "plain" and ctl.state()["k_in_force"] == 0
+    run_until(ctl, engine, clock, 16, lambda: False, 200)
+    assert engine.restarts == [] and ctl.state()["engine"] == "plain"
+    n_on = run_until(ctl, engine, clock, 1, lambda: engine.restarts == [True], 400)
+    assert n_on is not None, ctl.state()["replacement"]
+    assert ctl.state()["engine"] == "speculating" and engine.schedule == [list(r) for r in cfg.spec.schedule]
