@@ -128,7 +128,8 @@ def run_arm(arm: str, concurrency: list[int], max_tokens: int, seconds: float, s
         state = engine.spec_control_state()
         if state:
             out["controller"] = {k: state.get(k) for k in ("table", "schedule", "changes", "reason", "acceptance_per_pos",
-                                                           "engine", "restarts", "recent_restarts", "switch_cost_s")}
+                                                           "engine", "restarts", "recent_restarts", "switch_cost_s",
+                                                           "replacement", "plain_step_factor")}
             out["controller"]["recent_changes"] = state["recent_changes"][-3:]
         return out
 
