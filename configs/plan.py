@@ -103,9 +103,9 @@ def resource_plan(cfg: AppConfig, num_rows: int | None = None) -> ResourcePlan:
 def _k_choices(engine: EngineConfig) -> tuple[list[int], int, bool]:
     """(K values this engine may run at full batch, its start-up K, whether a plain engine
     is one of its options)."""
-    spec, max_num_seqs = engine.spec, engine.max_num_seqs
     from configs.vllm_args import live_k_values
 
+    spec, max_num_seqs = engine.spec, engine.max_num_seqs
     if spec.method == "none":
         return [], 0, True
     k = spec.num_speculative_tokens or 0
