@@ -194,15 +194,16 @@ def test_engine_core_that_dies_mid_job_is_rebuilt_and_no_row_is_lost_or_an_error
     assert summary["engines"]["num_engine_deaths"] >= 1  # the death is reported, not hidden
 
 
-def test_killed_job_resumes_without_recomputing_or_duplicating(s3, bucket, tiny_models, repo_root):
+def test_killed_job_resumes_without_recomputing_or_duplicating(s3, bucket, tiny_models, repo_root, tmp_path):
     problems = _upload_humaneval(s3, f"{bucket}/resume/in", num_shards=8, limit=64)
     out = f"{bucket}/resume/out"
     args = [sys.executable, "-m", "jobs.codegen", "--config", "tiny", f"input=s3://{bucket}/resume/in",
             f"output=s3://{out}", f"s3_endpoint_url={s3.endpoint_url}", "sampling.max_tokens=48",
             "pool.max_requests_in_flight=8"]
     fs = s3.filesystem()
-    first = subprocess.Popen(args, cwd=repo_root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+    first_log = tmp_path / "first-run.log"  # why, if the first run ends before it commits
+    with first_log.open("wb") as log:
+        first = subprocess.Popen(args, cwd=repo_root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 300
     committed = []
     while time.monotonic() < deadline and first.poll() is None:
@@ -211,9 +212,14 @@ def test_killed_job_resumes_without_recomputing_or_duplicating(s3, bucket, tiny_
             break
         time.sleep(0.5)
         fs.invalidate_cache()
-    os.killpg(first.pid, signal.SIGKILL)
+    try:
+        os.killpg(first.pid, signal.SIGKILL)
+    except ProcessLookupError:  # it ended, and everything it started with it
+        pass
     first.wait(timeout=60)
-    assert committed, "the first run committed nothing before the deadline"
+    assert committed, (f"the first run committed nothing: "
+                       + (f"it exited {first.returncode}" if time.monotonic() < deadline else "deadline passed")
+                       + "; its log ends:\n" + first_log.read_text(errors="replace")[-3000:])
     before = {p: fs.cat_file(p) for p in fs.find(f"{out}/_commits")}
     assert len(before) < 8, "every shard finished before the kill; nothing left to resume"
 
