@@ -26,10 +26,10 @@ from actors.requests import (
     parse_request,
     resolved_sampling,
 )
-from actors.engine_lifecycle import EngineLifecycle, keep_serving, stop_engine
+from actors.engine_lifecycle import EngineLifecycle, engine_kwargs, keep_serving, stop_engine
 from actors.spec_stats import SpecDecodeStats, StepWindow
-from configs.schema import EngineConfig, SamplingDefaults, SpecConfig
-from configs.vllm_args import live_k_values, to_vllm_kwargs
+from configs.schema import EngineConfig, SamplingDefaults
+from configs.vllm_args import live_k_values
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class Engine(EngineLifecycle):
         # is told to start without the drafter (the config keeps it for the way back).
         self.speculating = cfg.spec.method != "none" and (
             cfg.spec.controller is None or cfg.spec.controller.replacement.start_speculating)
-        self.kwargs = to_vllm_kwargs(cfg if self.speculating else cfg.model_copy(update={"spec": SpecConfig()}))
+        self.kwargs = engine_kwargs(cfg, self.speculating)
         self._openai: tuple | None = None  # (app, args, tasks) once the OpenAI app is built
         self._init_lifecycle()
         self._start_llm(self.kwargs)

@@ -121,17 +121,13 @@ class EngineLifecycle:
                 await self._rebuild_now(speculating)
 
     async def _rebuild_now(self, speculating: bool) -> None:
-        from configs.schema import SpecConfig
-        from configs.vllm_args import to_vllm_kwargs
-
-        cfg = self.cfg if speculating else self.cfg.model_copy(update={"spec": SpecConfig()})
         # Both off the event loop: stopping and starting an engine take seconds, and the
         # loop keeps answering health checks and holding the waiting requests meanwhile.
         try:
             await asyncio.to_thread(stop_engine, self._llm)
         except Exception:  # a dead engine may fail to stop cleanly; its process is gone anyway
             log.warning("stopping the old engine failed", exc_info=True)
-        await asyncio.to_thread(self._start_llm, to_vllm_kwargs(cfg))
+        await asyncio.to_thread(self._start_llm, engine_kwargs(self.cfg, speculating))
         self.speculating = speculating
         self.num_restarts += 1
         self.engine_generation += 1
@@ -227,6 +223,14 @@ class EngineLifecycle:
                 self._recovery = asyncio.get_running_loop().create_task(self._recover(self.engine_generation))
             return
         await self._llm.check_health()
+
+
+def engine_kwargs(cfg, speculating: bool) -> dict:
+    """vLLM's engine arguments for `cfg` with its drafter, or without (speculation off)."""
+    from configs.schema import SpecConfig
+    from configs.vllm_args import to_vllm_kwargs
+
+    return to_vllm_kwargs(cfg if speculating else cfg.model_copy(update={"spec": SpecConfig()}))
 
 
 def _shutdown_if_alive(ref: weakref.ref) -> None:

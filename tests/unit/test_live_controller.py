@@ -53,7 +53,7 @@ class CalibratedEngine:
     def __init__(self, cfg, acceptance: list[float], cal=CAL):
         self.cfg, self.cal = cfg, cal
         self.acceptance, self.max_num_seqs, self.max_k = acceptance, cfg.max_num_seqs, cfg.spec.num_speculative_tokens
-        self.speculating = True
+        self.speculating = cfg.spec.controller.replacement.start_speculating  # as actors.engine.Engine starts
         self.startup_s = RESTART_S  # what the controller weighs a restart against
         self.restarts: list[bool] = []
         self.schedule: list[list[int]] | None = None
@@ -294,13 +294,9 @@ def test_an_engine_started_plain_stays_plain_under_a_full_load_and_gets_the_draf
     # acceptance the plan assumed (the prior). MIXED: drafting pays at batch size 1 only;
     # the drafter's K=0 pass as in `drafter_costs`.
     cal, overrides = drafter_costs
-    cfg = load_config("tiny", OVERRIDES + overrides + [f"engine.spec.controller.acceptance_prior={MIXED}",
-                                                       "engine.spec.controller.replacement.start_speculating=false"]).engine
-    cfg.spec.schedule = startup_schedule(cfg)
-    engine = CalibratedEngine(cfg, MIXED, cal)
-    engine.speculating = False  # what actors.engine.Engine does with start_speculating=false
-    clock = Clock(cfg.spec.controller.interval_s)
-    ctl = LiveSpecController(engine, cfg, CAL.kv_capacity_tokens, measure=engine.measure, clock=clock)
+    ctl, engine, clock = controlled(MIXED, overrides + [f"engine.spec.controller.acceptance_prior={MIXED}",
+                                                        "engine.spec.controller.replacement.start_speculating=false"], cal)
+    cfg = engine.cfg
     assert ctl.state()["engine"] == "plain" and ctl.state()["k_in_force"] == 0
     run_until(ctl, engine, clock, 16, lambda: False, 200)
     assert engine.restarts == [] and ctl.state()["engine"] == "plain"
