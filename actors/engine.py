@@ -78,7 +78,8 @@ class _StatsSink:
             self.window.observe_step(
                 now, running, spec.num_drafts if spec else 0, spec.num_draft_tokens if spec else 0, per_pos,
                 iteration_stats.num_prompt_tokens if iteration_stats is not None else 0,
-                scheduler_stats.kv_cache_usage * self.kv_capacity_tokens / running if running else 0.0)
+                scheduler_stats.kv_cache_usage * self.kv_capacity_tokens / running if running else 0.0,
+                iteration_stats.num_generation_tokens if iteration_stats is not None else 0)
         if iteration_stats is not None:
             self.stats.observe_tokens(
                 iteration_stats.num_prompt_tokens, iteration_stats.num_generation_tokens, now

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RECENT_CHANGES = 20
+# Predicted seconds a batch-size bucket needs before its own busy factor is used.
+BUSY_EVIDENCE_S = 2.0
 # The K / batch-size timeline (`state()["timeline"]`, plotted next to a job's summary) keeps
 # at most this many points over the engine's whole life: when full, every other point goes
 # and the spacing doubles, so a long job keeps its whole shape at a coarser step.
@@ -144,6 +146,9 @@ class LiveSpecController:
         self.recent_batch_sizes: deque[int] = deque(maxlen=r.dwell_intervals)  # the load lately
         self._restarts_seen = getattr(engine, "num_restarts", 0)
         self._plain_sums = [0.0, 0.0]  # measured, predicted seconds (decayed)
+        # Time per output token as each engine ran (prefills and all) over the model's, by
+        # batch-size bucket: {speculating: {bucket: [measured, predicted seconds]}} (decayed).
+        self._busy_sums: dict[bool, dict[int, list[float]]] = {True: {}, False: {}}
         # Permission from the pool to restart (one host at a time, never below the healthy
         # minimum): an object with async acquire() -> bool and release(); None allows.
         self.lease = None
@@ -177,6 +182,7 @@ class LiveSpecController:
         self._resync_after_restart()
         window = self.measure()
         speculating = self.engine.speculating
+        self._observe_busy(window, speculating)
         if not speculating:  # a plain engine: its steps say nothing of drafts or the drafter's cost
             self._observe_plain_steps(window)
             window = {**window, "drafts_per_pos": [], "accepted_per_pos": [], "steps": []}
@@ -238,6 +244,48 @@ class LiveSpecController:
         if self._plain_sums[1] > 0:
             self.plain_factor = self._plain_sums[0] / self._plain_sums[1]
 
+    def _observe_busy(self, window: Window, speculating: bool) -> None:
+        """The engine's time per output token as it ran, every step back to back (prefills,
+        steps where requests join and leave), against what the model predicts for the same
+        tokens. The decode-step corrections (`step_time_scale`, `plain_factor`) leave out
+        exactly what grows with speculation on a short-output load: the drafter's prefill
+        and the steps around each request's start and end. This factor puts that back, for
+        the engine that ran; the other engine's stays as last measured (1 until then: the
+        calibration is believed until the engine has run)."""
+        from control.replacement import times_per_token_s
+
+        cells = [c for c in window.get("busy", ()) if c["output_tokens"] > 0 and 1 <= c["batch_size"] <= self.config.max_num_seqs
+                 and c["num_speculative_tokens"] <= self.config.max_num_speculative_tokens]
+        if not cells:
+            return
+        sums = self._busy_sums[speculating]
+        decay = 0.5 ** (sum(c["num_steps"] for c in cells) / self.config.step_time_halflife_steps)
+        for v in sums.values():
+            v[0] *= decay
+            v[1] *= decay
+        ctx = self._context_tokens_per_req(window)
+        for c in cells:
+            b, k = c["batch_size"], c["num_speculative_tokens"]
+            spec_s, plain_s = times_per_token_s(self.config.cost, self.state_.step_time_scale,
+                                                self.state_.acceptance.acceptance_per_pos, b, k, ctx, self.plain_factor)
+            cell = sums.setdefault(b.bit_length(), [0.0, 0.0])
+            cell[0] += c["seconds"]
+            cell[1] += c["output_tokens"] * (spec_s if speculating else plain_s)
+
+    def busy_factor(self, speculating: bool, batch_size: int | None = None) -> float:
+        """Measured over predicted time per output token of that engine: at this batch
+        size's bucket (1, 2-3, 4-7, ...) once it has `BUSY_EVIDENCE_S` of predicted time
+        there, else over every batch size it ran at; 1 where it has not run."""
+        sums = self._busy_sums[speculating]
+        cell = sums.get(batch_size.bit_length()) if batch_size else None
+        if cell is None or cell[1] < BUSY_EVIDENCE_S:
+            cell = [sum(v[0] for v in sums.values()), sum(v[1] for v in sums.values())]
+        return cell[0] / cell[1] if cell[1] > 0 else 1.0
+
+    def _context_tokens_per_req(self, window: Window) -> float:
+        ctx = [s["mean_context_tokens_per_req"] for s in window["steps"] if s["mean_context_tokens_per_req"]]
+        return sum(ctx) / len(ctx) if ctx else self.config.default_context_tokens_per_req
+
     async def _consider_restart(self, signals, decision) -> None:
         """Restart the engine without its drafter (or back) when control.replacement says so."""
         from control.replacement import decide_replacement, other_engine_faster_at_load, times_per_token_s
@@ -250,9 +298,10 @@ class LiveSpecController:
 
         def times(batch_size: int) -> tuple[int, float, float]:  # (K decided there, speculating, plain) s/token
             k = int(decision.k_by_batch[batch_size - 1])
-            return (k, *times_per_token_s(self.config.cost, self.state_.step_time_scale,
-                                          self.state_.acceptance.acceptance_per_pos, batch_size, k, ctx,
-                                          self.plain_factor))
+            spec_s, plain_s = times_per_token_s(self.config.cost, self.state_.step_time_scale,
+                                                self.state_.acceptance.acceptance_per_pos, batch_size, k, ctx,
+                                                self.plain_factor)
+            return k, spec_s * self.busy_factor(True, batch_size), plain_s * self.busy_factor(False, batch_size)
 
         at_load = {size: times(size) for size in sorted(set(self.recent_batch_sizes))}
         _, spec_s, plain_s = at_load[b]
@@ -361,6 +410,8 @@ class LiveSpecController:
             "recent_restarts": list(self.restarts),
             "switch_cost_s": round(self.switch_cost_s, 2),
             "plain_step_factor": round(self.plain_factor, 3),
+            # Measured over predicted time per output token, each engine as it last ran.
+            "busy_factor": {"speculating": round(self.busy_factor(True), 3), "plain": round(self.busy_factor(False), 3)},
         }
         if self.all_off_since is not None and speculating:
             out["advice"] = (f"drafting has been off at every batch size for "

@@ -133,13 +133,18 @@ class StepWindow:
     the step ran at nor how many drafts reached each position once K varies by batch
     size; both follow from the step's own numbers (every request in a step drafts the
     same K, so K = draft tokens / drafts). Step time is the gap to the previous step,
-    counted only for decode steps while the engine runs back to back."""
+    counted only for decode steps while the engine runs back to back. `busy` keeps every
+    step run back to back (prefills and mixed steps too) with the output tokens it
+    produced: the engine's time per output token as it really ran, which the decode-step
+    times alone miss."""
 
     max_gap_s: float = 0.5
     drafts_per_pos: list[int] = field(default_factory=list)
     accepted_per_pos: list[int] = field(default_factory=list)
     # (batch size, K) -> [steps, seconds, prefill tokens, context tokens per request]
     cells: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+    # (batch size, K) -> [steps, seconds, output tokens], every step timed back to back
+    busy: dict[tuple[int, int], list[float]] = field(default_factory=dict)
     # K -> every step that ran at it (with requests), timed or not: what the engine ran
     num_steps_by_k: dict[int, int] = field(default_factory=dict)
     last_step_s: float | None = None
@@ -154,6 +159,7 @@ class StepWindow:
         accepted_per_pos: list[int],
         num_prefill_tokens: int = 0,
         context_tokens_per_req: float = 0.0,
+        num_output_tokens: int = 0,
     ) -> None:
         k = round(num_draft_tokens / num_drafts) if num_drafts else 0
         width = max(k, len(accepted_per_pos))
@@ -172,7 +178,13 @@ class StepWindow:
         # back to back: not after an idle spell (the gap holds the idle time) and not for
         # a step that prefilled (a different cost; the model's prefill term is not fitted
         # on CPU).
-        if batch_size > 0 and busy_before and not num_prefill_tokens and gap is not None and gap <= self.max_gap_s:
+        back_to_back = batch_size > 0 and busy_before and gap is not None and gap <= self.max_gap_s
+        if back_to_back:
+            cell = self.busy.setdefault((batch_size, k), [0, 0.0, 0])
+            cell[0] += 1
+            cell[1] += gap
+            cell[2] += num_output_tokens
+        if back_to_back and not num_prefill_tokens:
             cell = self.cells.setdefault((batch_size, k), [0, 0.0, 0.0, 0.0])
             cell[0] += 1
             cell[1] += gap
@@ -196,7 +208,13 @@ class StepWindow:
                  "mean_context_tokens_per_req": c / n}
                 for (b, k), (n, t, p, c) in sorted(self.cells.items())
             ],
+            "busy": [
+                {"batch_size": b, "num_speculative_tokens": k, "num_steps": int(n), "seconds": t,
+                 "output_tokens": int(o)}
+                for (b, k), (n, t, o) in sorted(self.busy.items())
+            ],
             "num_steps_by_k": dict(sorted(self.num_steps_by_k.items())),
         }
         self.drafts_per_pos, self.accepted_per_pos, self.cells, self.num_steps_by_k = [], [], {}, {}
+        self.busy = {}
         return out

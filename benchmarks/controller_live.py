@@ -129,7 +129,7 @@ def run_arm(arm: str, concurrency: list[int], max_tokens: int, seconds: float, s
         if state:
             out["controller"] = {k: state.get(k) for k in ("table", "schedule", "changes", "reason", "acceptance_per_pos",
                                                            "engine", "restarts", "recent_restarts", "switch_cost_s",
-                                                           "replacement", "plain_step_factor")}
+                                                           "replacement", "plain_step_factor", "busy_factor")}
             out["controller"]["recent_changes"] = state["recent_changes"][-3:]
         return out
 

@@ -21,7 +21,7 @@ from actors.spec_stats import StepWindow
 from configs import load_config
 from control.baselines import dense_from_schedule
 from control.calibration import load_calibration
-from control.model import plain_step_time_s
+from control.model import plain_step_time_s, tokens_per_step
 
 pytestmark = pytest.mark.unit
 
@@ -61,6 +61,9 @@ class CalibratedEngine:
         self.signals: dict = {}
         self.step_window = StepWindow()
         self.batch_size = 1
+        # What each engine's steps cost beyond the decode steps the calibration times
+        # (prefills, requests joining and leaving), as a factor on its time per token.
+        self.busy_overhead = {True: 1.0, False: 1.0}
 
     async def restart_engine(self, speculating: bool) -> float:
         self.speculating = speculating
@@ -83,7 +86,10 @@ class CalibratedEngine:
         cost = self.cal.cost
         step_s = (cost.step_time_s(b, k, CONTEXT_PER_REQ * b) if self.speculating
                   else plain_step_time_s(cost, b, CONTEXT_PER_REQ * b))
+        tokens = round(n * tokens_per_step(self.acceptance, k))
         return {
+            "busy": [{"batch_size": b, "num_speculative_tokens": k, "num_steps": num_steps, "output_tokens": tokens,
+                      "seconds": num_steps * step_s * self.busy_overhead[self.speculating]}],
             "drafts_per_pos": [n] * k,
             "accepted_per_pos": [round(n * p) for p in self.acceptance[:k]],
             "steps": [{"batch_size": b, "num_speculative_tokens": k, "num_steps": num_steps,
@@ -303,3 +309,43 @@ def test_an_engine_started_plain_stays_plain_under_a_full_load_and_gets_the_draf
     n_on = run_until(ctl, engine, clock, 1, lambda: engine.restarts == [True], 400)
     assert n_on is not None, ctl.state()["replacement"]
     assert ctl.state()["engine"] == "speculating" and engine.schedule == [list(r) for r in cfg.spec.schedule]
+
+
+def test_a_drafting_engine_slower_than_its_decode_steps_say_restarts_plain_and_stays():
+    # The decode steps alone say the K=4 table beats a plain engine at 8 running (these
+    # rates, cpu-tiny as measured), but the drafting engine's output comes 1.6x slower
+    # than those steps predict (its prefills and the steps around each request's start and
+    # end): measured per output token, a plain engine is faster, and the engine sheds its
+    # drafter. The plain engine then runs as the calibration says: it stays plain.
+    acceptance = [0.9, 0.8, 0.7, 0.6]
+    prior = "engine.spec.controller.acceptance_prior=[0.9, 0.8, 0.7, 0.6]"
+    ctl, engine, clock = controlled(acceptance, [prior])
+    run_until(ctl, engine, clock, 8, lambda: False, 60)
+    assert engine.restarts == [], "the decode steps alone must favour drafting here"
+    assert ctl.state()["busy_factor"]["speculating"] == pytest.approx(1.0, abs=0.05)
+
+    ctl, engine, clock = controlled(acceptance, [prior])
+    engine.busy_overhead[True] = 1.6
+    n_off = run_until(ctl, engine, clock, 8, lambda: engine.restarts == [False], 300)
+    assert n_off is not None, ctl.state()["replacement"]
+    assert dense_from_schedule(ctl.state()["table"], 16, 4)[8 - 1] == 4  # the table still drafts here
+    assert ctl.state()["busy_factor"]["speculating"] == pytest.approx(1.6, rel=0.05)
+    run_until(ctl, engine, clock, 8, lambda: False, 3 * ctl.replacement_config.cooldown_intervals)
+    assert engine.restarts == [False] and ctl.state()["engine"] == "plain"
+    assert ctl.state()["busy_factor"]["plain"] == pytest.approx(1.0, abs=0.05)
+
+
+def test_an_engine_tried_plain_and_found_slower_gets_its_drafter_back_and_keeps_it():
+    # Both engines pay the same extra per token, but the plain one has not run yet, so it
+    # is believed as calibrated: the drafting engine, measured slower than predicted, tries
+    # it. Measured, the plain engine is slower than the drafting one as it ran: the drafter
+    # comes back after the cooldown, and with both measured there is no third restart.
+    acceptance = [0.9, 0.8, 0.7, 0.6]
+    ctl, engine, clock = controlled(acceptance, ["engine.spec.controller.acceptance_prior=[0.9, 0.8, 0.7, 0.6]"])
+    engine.busy_overhead = {True: 1.6, False: 1.6}
+    run_until(ctl, engine, clock, 8, lambda: engine.restarts == [False, True], 400)
+    assert engine.restarts == [False, True], ctl.state()["replacement"]
+    run_until(ctl, engine, clock, 8, lambda: False, 10 * ctl.replacement_config.cooldown_intervals)
+    assert engine.restarts == [False, True] and ctl.state()["engine"] == "speculating"
+    factors = ctl.state()["busy_factor"]
+    assert factors["speculating"] == pytest.approx(1.6, rel=0.05) and factors["plain"] == pytest.approx(1.6, rel=0.05)

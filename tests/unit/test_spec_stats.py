@@ -57,7 +57,21 @@ def test_step_window_infers_each_steps_k_and_counts_drafts_per_position():
     assert steps[(4, 4)]["num_steps"] == 2 and steps[(4, 4)]["mean_step_time_s"] == pytest.approx(0.05)
     assert steps[(8, 2)]["num_steps"] == 1 and steps[(8, 2)]["mean_step_time_s"] == pytest.approx(0.02)
     assert out["num_steps_by_k"] == {0: 1, 2: 4, 4: 2}  # every step with requests, timed or not
-    assert w.drain() == {"drafts_per_pos": [], "accepted_per_pos": [], "steps": [], "num_steps_by_k": {}}  # a new window
+    assert w.drain() == {"drafts_per_pos": [], "accepted_per_pos": [], "steps": [], "busy": [],
+                         "num_steps_by_k": {}}  # a new window
+
+
+def test_step_window_keeps_prefill_steps_in_the_time_per_output_token():
+    w = StepWindow(max_gap_s=0.5)
+    w.observe_step(10.00, 2, 2, 8, [2, 1, 0, 0], num_output_tokens=5)  # first step: no time yet
+    w.observe_step(10.02, 2, 2, 8, [2, 2, 1, 0], num_output_tokens=7)  # decode, K=4: 20 ms
+    w.observe_step(10.10, 2, 2, 8, [1, 0, 0, 0], num_prefill_tokens=300, num_output_tokens=3)  # prefill: 80 ms
+    w.observe_step(11.00, 2, 2, 8, [2, 2, 2, 2], num_output_tokens=10)  # after an idle gap: not timed
+    out = w.drain()
+    # Decode steps alone: one 20 ms step; as the engine ran: 100 ms for 10 tokens.
+    assert [(s["batch_size"], s["num_steps"]) for s in out["steps"]] == [(2, 1)]
+    assert out["busy"] == [{"batch_size": 2, "num_speculative_tokens": 4, "num_steps": 2,
+                            "seconds": pytest.approx(0.10), "output_tokens": 10}]
 
 
 def test_step_window_does_not_time_the_step_that_straddles_a_table_change():
