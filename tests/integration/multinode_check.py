@@ -2,17 +2,16 @@
 (tests/integration/multinode_cluster.py): where engines land, the codegen job run over the
 nodes, and a worker node lost under the Serve app, the codegen job and the scoring job.
 
-Not collected by `make test` (the file name does not match test_*.py): run by hand,
+Not collected by `make test` (the file name does not match test_*.py; it takes 15-25 minutes, more
+than the suite's budget): run by hand,
 
     .venv/bin/python -m pytest -q tests/integration/multinode_check.py
 
-It passed on this machine quiet and loaded, and failed three times under load: the Serve
-phase never saw its long request running within 600 s. Ruled out: the proxy not serving
-yet (the phase now waits until it answers a short request) and the request ending early
-(it would fail at once saying so). Suspected, not yet checked: `handle.stats` calls are
-routed by Serve's power-of-two-choices, which prefers the replica with fewer requests, so
-they keep reaching the idle replica and never the busy one. It joins the suite once the
-busy replica is found without going through the router."""
+The Serve phase finds the replica running its long request from the streamed response's
+`x-peagle-replica-pid` header and each replica's node from `handle.stats` asked while both
+are idle: asked while one is busy, Serve's router sends every call to the idle one (it
+prefers the replica with fewer requests in flight), which is how earlier versions of this
+check waited 600 s under load for a busy replica they never reached."""
 
 import json
 import os

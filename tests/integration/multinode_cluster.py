@@ -214,29 +214,41 @@ def serve_node_loss(args: dict[str, Any], cluster, workers) -> dict[str, Any]:
     # request only once the proxy serves.
     _wait(served, "a request served through the proxy before the node loss")
     out: dict[str, Any] = {"replicas_before": running()}
-    long: dict[str, Any] = {}
+    # Which node each replica runs on, asked while both are idle: Serve's router sends a
+    # call to the replica with fewer requests in flight, so once one is busy every call
+    # would reach the other; its answers are only taken while both are idle.
+    node_of: dict[int, str] = {}
 
-    def long_request() -> None:
-        body = {"model": "tiny", "prompt": "def f(x):", "max_tokens": 2000, "ignore_eos": True}
+    def both_replicas_known() -> bool:
+        stats = handle.stats.remote().result(timeout_s=60)
+        node_of[stats["replica_pid"]] = stats["node_id"]
+        return len(node_of) == 2
+
+    _wait(both_replicas_known, "both replicas answering before the node loss")
+    long: dict[str, Any] = {}
+    started = threading.Event()
+
+    def long_request() -> None:  # streamed: the replica's pid comes in the response's headers
+        body = {"model": "tiny", "prompt": "def f(x):", "max_tokens": 2000, "ignore_eos": True, "stream": True}
         try:
-            resp = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
-            long["status"] = resp.status_code
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as resp:
+                long["status"] = resp.status_code
+                long["replica_pid"] = int(resp.headers.get("x-peagle-replica-pid", 0))
+                for line in resp.iter_lines():
+                    if line.startswith("data: {"):  # a first token: the request runs there
+                        long["first_token"] = True
+                        started.set()
         except httpx.HTTPError as exc:  # the connection itself dropped: also an end, not a hang
             long["status"] = type(exc).__name__
+        finally:
+            started.set()
 
     caller = threading.Thread(target=long_request, daemon=True)
     caller.start()
-    busy: dict[str, Any] = {}
-
-    def find_busy_replica() -> bool:  # a handle call goes to either replica: ask until the busy one answers
-        if "status" in long and not busy:  # it ended before a replica was seen running it: say how
-            raise RuntimeError(f"the long request ended ({long['status']}) before a replica ran it")
-        stats = handle.stats.remote().result(timeout_s=60)
-        if stats["signals"].get("num_running_reqs", 0) >= 1:
-            busy.update(stats)
-        return bool(busy)
-
-    _wait(find_busy_replica, "the long request running on a replica")
+    _wait(started.is_set, "the long request's first token")
+    if not long.get("first_token") or long.get("replica_pid") not in node_of:  # it ended, or came from elsewhere: say how
+        raise RuntimeError(f"the long request ended or was not served by a known replica: {long}, replicas {node_of}")
+    busy = {"node_id": node_of[long["replica_pid"]]}
     out["removed_node"] = busy["node_id"]
     cluster.remove_node(next(w for w in workers if w.node_id == busy["node_id"]), allow_graceful=False)
     removed_at = time.monotonic()
