@@ -144,6 +144,7 @@ class LiveSpecController:
         self.switch_cost_s = float(getattr(engine, "startup_s", 0.0))  # measured at every (re)start
         self.plain_factor = 1.0  # plain engine's measured steps / predicted; 1 until measured
         self.recent_batch_sizes: deque[int] = deque(maxlen=r.dwell_intervals)  # the load lately
+        self.restart_view: dict[str, Any] | None = None  # what the restart rule weighed last
         self._restarts_seen = getattr(engine, "num_restarts", 0)
         self._plain_sums = [0.0, 0.0]  # measured, predicted seconds (decayed)
         # Time per output token as each engine ran (prefills and all) over the model's, by
@@ -304,6 +305,10 @@ class LiveSpecController:
             return k, spec_s * self.busy_factor(True, batch_size), plain_s * self.busy_factor(False, batch_size)
 
         at_load = {size: times(size) for size in sorted(set(self.recent_batch_sizes))}
+        self.restart_view = {"step_time_scale": [round(float(v), 3) for v in self.state_.step_time_scale],
+                             "by_batch_size": {size: {"k": k, "speculating_tokens_per_s": round(1 / spec, 1),
+                                                      "plain_tokens_per_s": round(1 / plain, 1)}
+                                               for size, (k, spec, plain) in at_load.items()}}
         _, spec_s, plain_s = at_load[b]
         speculating = self.engine.speculating
         before = self.replacement_state
@@ -412,6 +417,9 @@ class LiveSpecController:
             "plain_step_factor": round(self.plain_factor, 3),
             # Measured over predicted time per output token, each engine as it last ran.
             "busy_factor": {"speculating": round(self.busy_factor(True), 3), "plain": round(self.busy_factor(False), 3)},
+            # What the restart rule last weighed: predicted tokens/s of each engine at the
+            # batch sizes the load ran at lately, and the step-time corrections behind them.
+            "restart_view": self.restart_view,
         }
         if self.all_off_since is not None and speculating:
             out["advice"] = (f"drafting has been off at every batch size for "

@@ -124,12 +124,16 @@ def run_arm(arm: str, concurrency: list[int], max_tokens: int, seconds: float, s
             if settle_s > 0:  # the same load, not counted: time to adapt (e.g. restart without the drafter)
                 await _measure(engine, prompts, c, max_tokens, settle_s)
             out[str(c)] = await _measure(engine, prompts, c, max_tokens, seconds)
+            state = engine.spec_control_state()
+            if state:  # what the restart rule weighed at the end of this level
+                out[str(c)]["restart_view"] = state.get("restart_view")
             print(f"  {arm} c={c}: {out[str(c)]['tokens_per_s']:.0f} tok/s", file=sys.stderr, flush=True)
         state = engine.spec_control_state()
         if state:
             out["controller"] = {k: state.get(k) for k in ("table", "schedule", "changes", "reason", "acceptance_per_pos",
                                                            "engine", "restarts", "recent_restarts", "switch_cost_s",
-                                                           "replacement", "plain_step_factor", "busy_factor")}
+                                                           "replacement", "plain_step_factor", "busy_factor",
+                                                           "restart_view")}
             out["controller"]["recent_changes"] = state["recent_changes"][-3:]
         return out
 

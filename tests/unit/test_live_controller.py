@@ -242,6 +242,9 @@ def test_heavy_load_restarts_without_the_drafter_and_light_load_brings_it_back(d
     restart = state["recent_restarts"][-1]
     assert restart["speculating"] is False and "restart without speculation" in restart["reason"]
     assert restart["restart_s"] == RESTART_S and state["switch_cost_s"] == RESTART_S
+    # What the rule weighed is readable: at sixteen a plain engine's predicted tokens/s won.
+    view = state["restart_view"]["by_batch_size"][16]
+    assert view["plain_tokens_per_s"] > view["speculating_tokens_per_s"] > 0
     # One at a time: drafting pays again, and the engine gets its drafter back.
     n_on = run_until(ctl, engine, clock, 1, lambda: engine.restarts == [False, True], 400)
     assert n_on is not None, ctl.state()["replacement"]
