@@ -138,6 +138,7 @@ class LiveSpecController:
         r = cfg.spec.controller.replacement
         self.replacement_enabled = r.enabled
         self.replacement_config = ReplacementConfig(r.min_gain, r.dwell_intervals, r.cost_margin, r.cooldown_intervals)
+        self.untried_margin = r.untried_margin
         self.replacement_state = ReplacementState(speculating=engine.speculating)
         self.replacement_reason: str | None = None
         self.restarts: deque[dict[str, Any]] = deque(maxlen=RECENT_CHANGES)
@@ -184,6 +185,8 @@ class LiveSpecController:
         window = self.measure()
         speculating = self.engine.speculating
         self._observe_busy(window, speculating)
+        # Context per request as the engine ran (a plain engine's steps are dropped below).
+        context_tokens_per_req = self._context_tokens_per_req(window)
         if not speculating:  # a plain engine: its steps say nothing of drafts or the drafter's cost
             self._observe_plain_steps(window)
             window = {**window, "drafts_per_pos": [], "accepted_per_pos": [], "steps": []}
@@ -203,7 +206,7 @@ class LiveSpecController:
             self.recent.append({**now, "kind": "table", "from": _table_rows(decided_before),
                                 "to": _table_rows(decision.k_by_batch)})
         if not speculating:  # nothing to put in force: the table waits for the drafter's return
-            await self._consider_restart(signals, decision)
+            await self._consider_restart(signals, decision, context_tokens_per_req)
             self._record_timeline(signals.num_running_reqs)
             return
         self.num_probes += probing
@@ -216,7 +219,7 @@ class LiveSpecController:
                 self.recent_probes.append({**now, "kind": "probe" if probing else "probe ended",
                                            "from": old, "to": self.in_force})
             log.info("K table %s -> %s: %s", old, self.in_force, decision.reason)
-        await self._consider_restart(signals, decision)
+        await self._consider_restart(signals, decision, context_tokens_per_req)
         self._record_timeline(signals.num_running_reqs)
 
     def _resync_after_restart(self) -> None:
@@ -283,11 +286,16 @@ class LiveSpecController:
             cell = [sum(v[0] for v in sums.values()), sum(v[1] for v in sums.values())]
         return cell[0] / cell[1] if cell[1] > 0 else 1.0
 
+    def has_run(self, speculating: bool) -> bool:
+        """Whether that engine (with or without the drafter) has run long enough here for
+        its measured time per token to count (`BUSY_EVIDENCE_S` of predicted time)."""
+        return sum(v[1] for v in self._busy_sums[speculating].values()) >= BUSY_EVIDENCE_S
+
     def _context_tokens_per_req(self, window: Window) -> float:
         ctx = [s["mean_context_tokens_per_req"] for s in window["steps"] if s["mean_context_tokens_per_req"]]
         return sum(ctx) / len(ctx) if ctx else self.config.default_context_tokens_per_req
 
-    async def _consider_restart(self, signals, decision) -> None:
+    async def _consider_restart(self, signals, decision, ctx: float) -> None:
         """Restart the engine without its drafter (or back) when control.replacement says so."""
         from control.replacement import decide_replacement, other_engine_faster_at_load, times_per_token_s
 
@@ -295,22 +303,27 @@ class LiveSpecController:
             return
         b = min(max(signals.num_running_reqs, 1), self.config.max_num_seqs)
         self.recent_batch_sizes.append(b)
-        ctx = signals.mean_context_tokens_per_req or self.config.default_context_tokens_per_req
+        speculating = self.engine.speculating
+        # The other engine, if it has never run here, is believed `untried_margin` faster than
+        # its calibration says: it gets tried once the load holds, then its measured time counts.
+        untried = 1.0 - self.untried_margin if not self.has_run(not speculating) else 1.0
+        spec_benefit, plain_benefit = (1.0, untried) if speculating else (untried, 1.0)
 
         def times(batch_size: int) -> tuple[int, float, float]:  # (K decided there, speculating, plain) s/token
             k = int(decision.k_by_batch[batch_size - 1])
             spec_s, plain_s = times_per_token_s(self.config.cost, self.state_.step_time_scale,
                                                 self.state_.acceptance.acceptance_per_pos, batch_size, k, ctx,
                                                 self.plain_factor)
-            return k, spec_s * self.busy_factor(True, batch_size), plain_s * self.busy_factor(False, batch_size)
+            return (k, spec_s * self.busy_factor(True, batch_size) * spec_benefit,
+                    plain_s * self.busy_factor(False, batch_size) * plain_benefit)
 
         at_load = {size: times(size) for size in sorted(set(self.recent_batch_sizes))}
         self.restart_view = {"step_time_scale": [round(float(v), 3) for v in self.state_.step_time_scale],
                              "by_batch_size": {size: {"k": k, "speculating_tokens_per_s": round(1 / spec, 1),
                                                       "plain_tokens_per_s": round(1 / plain, 1)}
-                                               for size, (k, spec, plain) in at_load.items()}}
+                                               for size, (k, spec, plain) in at_load.items()},
+                             "untried_benefit": round(untried, 3)}
         _, spec_s, plain_s = at_load[b]
-        speculating = self.engine.speculating
         before = self.replacement_state
         verdict, after = decide_replacement(
             before, self.replacement_config, interval_s=self.interval_s,

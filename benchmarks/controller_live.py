@@ -132,7 +132,7 @@ def run_arm(arm: str, concurrency: list[int], max_tokens: int, seconds: float, s
         if state:
             out["controller"] = {k: state.get(k) for k in ("table", "schedule", "changes", "reason", "acceptance_per_pos",
                                                            "engine", "restarts", "recent_restarts", "switch_cost_s",
-                                                           "replacement", "plain_step_factor", "busy_factor",
+                                                           "replacement", "plain_step_factor", "busy_factor", "timeline",
                                                            "restart_view")}
             out["controller"]["recent_changes"] = state["recent_changes"][-3:]
         return out
@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError(f"arm {arm} failed (exit {proc.returncode})")
         results[arm] = json.loads(line[len("RESULT "):])
 
+    # The arms' numbers first: a table that cannot be summed (no fixed K run) loses nothing.
+    (OUT_DIR / "controller_live.json").write_text(json.dumps({"arms": results, "settings": vars(args)}, indent=2))
     summary = print_table(results, args.concurrency)
     (OUT_DIR / "controller_live.json").write_text(json.dumps({"arms": results, "summary": summary,
                                                               "settings": vars(args)}, indent=2))
@@ -182,9 +184,9 @@ def print_table(results: dict, concurrency: list[int]) -> dict:
     own = [a for a in (f"K{K_MAX}", f"off@K{K_MAX}") if a in results]  # what the controller can choose
     ratios, own_ratios = {}, {}
     for c in map(str, concurrency):
-        best = max(fixed, key=lambda a: results[a][c]["tokens_per_s"])
+        best = max(fixed, key=lambda a: results[a][c]["tokens_per_s"], default="-")
         ctl = results.get("controller", {}).get(c)
-        ratio = ctl["tokens_per_s"] / results[best][c]["tokens_per_s"] if ctl else None
+        ratio = ctl["tokens_per_s"] / results[best][c]["tokens_per_s"] if ctl and fixed else None
         ratios[c] = ratio
         own_best = max((results[a][c]["tokens_per_s"] for a in own), default=None)
         own_ratios[c] = ctl["tokens_per_s"] / own_best if ctl and own_best else None
@@ -196,11 +198,12 @@ def print_table(results: dict, concurrency: list[int]) -> dict:
               + (f"{own_ratios[c]:>12.2f}" if own_ratios[c] else f"{'-':>12}") + f"{ks:>16}")
     # Over all levels: the one fixed K a user would have to pick for the whole range.
     total = {a: sum(results[a][c]["tokens_per_s"] for c in map(str, concurrency)) for a in arms}
-    best_single = max(fixed, key=total.get)
-    overall = total["controller"] / total[best_single] if "controller" in total else None
+    best_single = max(fixed, key=total.get, default=None)
+    overall = total["controller"] / total[best_single] if "controller" in total and best_single else None
     print(f"\nsum over levels: best single fixed K = {best_single}; controller / it = "
           + (f"{overall:.2f}" if overall else "-")
-          + (f"; static table / it = {total['static'] / total[best_single]:.2f}" if "static" in total else ""))
+          + (f"; static table / it = {total['static'] / total[best_single]:.2f}" if "static" in total and best_single
+             else ""))
     if "controller" in results and "controller" in results["controller"]:
         last = results["controller"]["controller"]
         print(f"controller's last decided table {last.get('table', last['schedule'])} (in force at the end: "

@@ -44,6 +44,11 @@ class ReplacementSettings(StrictModel):
         "must exceed this x the engine's measured start-up time.")
     cooldown_intervals: int = Field(
         20, ge=0, description="Controller intervals after a restart before the next one (no flapping).")
+    untried_margin: float = Field(
+        0.15, ge=0, lt=1, description="An engine that has not run yet (its time per token is the "
+        "calibration's, not measured) is believed this fraction faster than predicted, so a load that "
+        "holds gets it tried once: a calibration that underrates it would otherwise never be found out. "
+        "Once it has run, its measured time counts instead. 0: believe the calibration.")
     start_speculating: bool = Field(
         True, description="False: the engine starts without its drafter (as after a restart without it) "
         "and the controller brings the drafter back when the load makes drafting pay. A batch job "

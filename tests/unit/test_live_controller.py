@@ -352,3 +352,40 @@ def test_an_engine_tried_plain_and_found_slower_gets_its_drafter_back_and_keeps_
     assert engine.restarts == [False, True] and ctl.state()["engine"] == "speculating"
     factors = ctl.state()["busy_factor"]
     assert factors["speculating"] == pytest.approx(1.6, rel=0.05) and factors["plain"] == pytest.approx(1.6, rel=0.05)
+
+
+def test_a_plain_engine_the_calibration_underrates_is_tried_once_the_load_holds_and_kept():
+    # At 12 running with these rates the calibration says the K=4 table beats a plain engine
+    # by ~9%, but the plain engine really runs 30% faster than calibrated. Believing the
+    # calibration, the engine never finds out; believing an untried engine a little faster
+    # (`untried_margin`), a load that holds gets it tried, measured faster, and kept.
+    acceptance = [0.9, 0.8, 0.7, 0.6]
+    prior = "engine.spec.controller.acceptance_prior=[0.9, 0.8, 0.7, 0.6]"
+    ctl, engine, clock = controlled(acceptance, [prior, "engine.spec.controller.replacement.untried_margin=0"])
+    engine.busy_overhead[False] = 0.7
+    run_until(ctl, engine, clock, 12, lambda: False, 600)
+    assert engine.restarts == [] and "beats a plain engine" in ctl.state()["replacement"]
+
+    ctl, engine, clock = controlled(acceptance, [prior])
+    engine.busy_overhead[False] = 0.7
+    n_off = run_until(ctl, engine, clock, 12, lambda: engine.restarts == [False], 600)
+    assert n_off is not None, ctl.state()["replacement"]
+    assert n_off > 10 * ctl.replacement_config.dwell_intervals  # tried once the load has held, not at once
+    run_until(ctl, engine, clock, 12, lambda: False, 10 * ctl.replacement_config.cooldown_intervals)
+    state = ctl.state()
+    assert engine.restarts == [False] and state["engine"] == "plain"
+    assert state["busy_factor"]["plain"] == pytest.approx(0.7, rel=0.05)
+    view = state["restart_view"]  # measured now: the plain engine's time counts as it ran
+    assert view["untried_benefit"] == 1.0
+    assert view["by_batch_size"][12]["plain_tokens_per_s"] > 1.2 * view["by_batch_size"][12]["speculating_tokens_per_s"]
+
+
+def test_a_plain_engine_as_fast_as_calibrated_is_tried_at_most_once():
+    # The same load with the calibration right: the untried plain engine is tried, found
+    # slower than the drafting one, and the drafter comes back for good (two restarts in all).
+    acceptance = [0.9, 0.8, 0.7, 0.6]
+    ctl, engine, clock = controlled(acceptance, ["engine.spec.controller.acceptance_prior=[0.9, 0.8, 0.7, 0.6]"])
+    run_until(ctl, engine, clock, 12, lambda: len(engine.restarts) == 2, 1000)
+    assert engine.restarts == [False, True], ctl.state()["replacement"]
+    run_until(ctl, engine, clock, 12, lambda: False, 20 * ctl.replacement_config.cooldown_intervals)
+    assert engine.restarts == [False, True] and ctl.state()["engine"] == "speculating"
