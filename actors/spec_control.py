@@ -280,16 +280,20 @@ class LiveSpecController:
         """Measured over predicted time per output token of that engine: at this batch
         size's bucket (1, 2-3, 4-7, ...) once it has `BUSY_EVIDENCE_S` of predicted time
         there, else over every batch size it ran at; 1 where it has not run."""
-        sums = self._busy_sums[speculating]
-        cell = sums.get(batch_size.bit_length()) if batch_size else None
+        cell = self._busy_sums[speculating].get(batch_size.bit_length()) if batch_size else None
         if cell is None or cell[1] < BUSY_EVIDENCE_S:
-            cell = [sum(v[0] for v in sums.values()), sum(v[1] for v in sums.values())]
+            cell = self._busy_total(speculating)
         return cell[0] / cell[1] if cell[1] > 0 else 1.0
 
     def has_run(self, speculating: bool) -> bool:
         """Whether that engine (with or without the drafter) has run long enough here for
         its measured time per token to count (`BUSY_EVIDENCE_S` of predicted time)."""
-        return sum(v[1] for v in self._busy_sums[speculating].values()) >= BUSY_EVIDENCE_S
+        return self._busy_total(speculating)[1] >= BUSY_EVIDENCE_S
+
+    def _busy_total(self, speculating: bool) -> list[float]:
+        """[measured, predicted] seconds of that engine over every batch-size bucket."""
+        sums = self._busy_sums[speculating].values()
+        return [sum(v[0] for v in sums), sum(v[1] for v in sums)]
 
     def _context_tokens_per_req(self, window: Window) -> float:
         ctx = [s["mean_context_tokens_per_req"] for s in window["steps"] if s["mean_context_tokens_per_req"]]
