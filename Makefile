@@ -5,7 +5,7 @@ PIP     := .venv/bin/pip
 STAMP   := .venv/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 EXTRA   ?= cpu
 
-.PHONY: install demo serve test test-fast bench calibrate clean
+.PHONY: install demo serve test test-fast test-multinode bench calibrate clean
 
 install: $(STAMP) artifacts/tiny/build_info.json
 
@@ -33,6 +33,11 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -m "unit"
+
+# Head + two GPU worker nodes on this machine, node loss under Serve and both jobs
+# (tests/integration/multinode_check.py; 4-9 minutes, outside `make test`'s budget).
+test-multinode: install
+	$(PY) -m pytest -q tests/integration/multinode_check.py
 
 bench: install
 	$(PY) -m benchmarks.run_all

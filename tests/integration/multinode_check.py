@@ -2,10 +2,10 @@
 (tests/integration/multinode_cluster.py): where engines land, the codegen job run over the
 nodes, and a worker node lost under the Serve app, the codegen job and the scoring job.
 
-Not collected by `make test` (the file name does not match test_*.py; it takes 15-25 minutes, more
+Not collected by `make test` (the file name does not match test_*.py; it takes 4-9 minutes here, more
 than the suite's budget): run by hand,
 
-    .venv/bin/python -m pytest -q tests/integration/multinode_check.py
+    make test-multinode   # = .venv/bin/python -m pytest -q tests/integration/multinode_check.py
 
 The Serve phase finds the replica running its long request from the streamed response's
 `x-peagle-replica-pid` header and each replica's node from `handle.stats` asked while both
