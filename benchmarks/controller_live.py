@@ -26,7 +26,9 @@ choices (K7, off@K7: did it choose right?), and the K it ran; saves a plot.
 With `--settle-s`, each level first runs that long unmeasured on the controller's engine:
 the steady-state figure, where the controller has had time to restart its engine without
 the drafter (a restart pays only over a load that lasts; see control/replacement.py).
-Fixed arms have nothing to adapt and are measured at once.
+Fixed arms have nothing to adapt and are measured at once. Where a level (settling
+included) lasts a minute or more, the controller runs with the shipped K=0 probe budget
+(0.5% of goodput); in shorter levels with 5%, so K=0 gets measured within the level.
 
 With `--trace`, the levels are one load that changes: each runs `--seconds`, back to back,
 no settling, and the figure is output tokens over the whole trace ÷ its time, next to the
@@ -58,7 +60,9 @@ def synthetic_rates(k: int) -> list[float]:
     return rates[:k]
 
 
-def arm_overrides(arm: str) -> list[str]:
+def arm_overrides(arm: str, level_s: float = 12.0) -> list[str]:
+    """Config overrides of one arm. The controller's K=0 probes get a 5% budget where a
+    level lasts under a minute (so K=0 is measured within a 12 s level), else the shipped 0.5%."""
     base = ["engine.max_num_seqs=16"]
     if arm == "K0":
         return [*base, "engine.spec={method: none}"]
@@ -66,18 +70,18 @@ def arm_overrides(arm: str) -> list[str]:
         k = int(arm[1:])
         return [*base, f"engine.spec.num_speculative_tokens={k}",
                 f"engine.spec.synthetic_acceptance_rates={synthetic_rates(k)}"]
-    ctl = [*base, f"engine.spec.num_speculative_tokens={K_MAX}",
-           f"engine.spec.synthetic_acceptance_rates={synthetic_rates(K_MAX)}",
-           f"engine.spec.controller.calibration={CALIBRATION}", "engine.spec.controller.interval_s=0.5",
-           "engine.spec.controller.probe_budget=0.05"]  # a short run: measure K=0 early
+    drafting = [*base, f"engine.spec.num_speculative_tokens={K_MAX}",
+                f"engine.spec.synthetic_acceptance_rates={synthetic_rates(K_MAX)}"]
+    ctl = [*drafting, f"engine.spec.controller.calibration={CALIBRATION}", "engine.spec.controller.interval_s=0.5",
+           *(["engine.spec.controller.probe_budget=0.05"] if level_s < 60 else [])]
     if arm == f"off@K{K_MAX}":
-        return [*ctl[:-3], "engine.spec.schedule=[[1, 16, 0]]"]
+        return [*drafting, "engine.spec.schedule=[[1, 16, 0]]"]
     if arm == "static":
         from configs import load_config
         from actors.spec_control import startup_schedule
 
         table = startup_schedule(load_config("tiny", ctl).engine)
-        return [*ctl[:-3], f"engine.spec.schedule={table}"]
+        return [*drafting, f"engine.spec.schedule={table}"]
     return ctl
 
 
@@ -119,7 +123,7 @@ def run_arm(arm: str, concurrency: list[int], max_tokens: int, seconds: float, s
     from actors.engine import Engine
     from configs import load_config
 
-    cfg = load_config("tiny", arm_overrides(arm))
+    cfg = load_config("tiny", arm_overrides(arm, settle_s + seconds))
     engine = Engine(cfg.engine, cfg.sampling)
     prompts = [p["prompt"] for p in read_problems().values()]
 
