@@ -301,7 +301,8 @@ class LiveSpecController:
 
     async def _consider_restart(self, signals, decision, ctx: float) -> None:
         """Restart the engine without its drafter (or back) when control.replacement says so."""
-        from control.replacement import decide_replacement, other_engine_faster_at_load, times_per_token_s
+        from control.replacement import (decide_replacement, load_times_per_token_s, other_engine_faster_at_load,
+                                         times_per_token_s)
 
         if not self.replacement_enabled or self.engine.cfg.spec.method == "none":
             return
@@ -322,16 +323,19 @@ class LiveSpecController:
                     plain_s * self.busy_factor(False, batch_size) * plain_benefit)
 
         at_load = {size: times(size) for size in sorted(set(self.recent_batch_sizes))}
+        samples = [at_load[size] for size in self.recent_batch_sizes]  # the load lately, one per interval
+        spec_s, plain_s = load_times_per_token_s(samples)
         self.restart_view = {"step_time_scale": [round(float(v), 3) for v in self.state_.step_time_scale],
                              "by_batch_size": {size: {"k": k, "speculating_tokens_per_s": round(1 / spec, 1),
                                                       "plain_tokens_per_s": round(1 / plain, 1)}
                                                for size, (k, spec, plain) in at_load.items()},
+                             "load": {"speculating_tokens_per_s": round(1 / spec_s, 1),
+                                      "plain_tokens_per_s": round(1 / plain_s, 1)},
                              "untried_benefit": round(untried, 3)}
-        _, spec_s, plain_s = at_load[b]
         before = self.replacement_state
         verdict, after = decide_replacement(
             before, self.replacement_config, interval_s=self.interval_s,
-            other_faster_at_load=other_engine_faster_at_load(speculating, at_load.values()),
+            other_faster_at_load=other_engine_faster_at_load(speculating, samples),
             time_per_token_now_s=spec_s if speculating else plain_s,
             time_per_token_other_s=plain_s if speculating else spec_s,
             switch_cost_s=self.switch_cost_s)

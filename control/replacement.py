@@ -8,16 +8,18 @@ a plain engine by `jobs.profile_steps`), and getting there costs a restart: the 
 start-up time, measured at each start, during which the host serves nothing.
 
 The rule, on plain numbers:
-- **Wanted**: speculating, a plain engine is predicted faster per output token than the
-  decided table at every batch size the load has run at lately (where the table says K=0
-  that is so whenever the drafter's pass costs anything; where it drafts, only if the
-  drafts do not pay for the drafter), and faster at the current load by more than
-  `min_gain`; or plain, the table the controller would run (decided on the last acceptance
-  it measured) drafts at every batch size the load has run at lately and is predicted
-  faster than the plain engine at each, at the current load by more than `min_gain`.
-  Between the two (each engine winning at some of those batch sizes) the engine stays as
-  it is. The table alone cannot say "restart": a drafting table can beat drafting off by
-  table (the drafter runs either way) and still lose to an engine without the drafter.
+- **Wanted**: the other engine is predicted to deliver more output tokens than this one,
+  by more than `min_gain`, over the load as it ran lately: each recent interval at the
+  batch size it ran at, weighed alike (`load_times_per_token_s`). Speculating, that other
+  engine is a plain one (where the decided table says K=0 a plain engine wins whenever
+  the drafter's pass costs anything; where it drafts, only if the drafts do not pay for
+  the drafter); plain, it is the table the controller would run (decided on the last
+  acceptance it measured), which must draft somewhere in that load. Weighing the load's
+  intervals, not requiring a win at each batch size it touched: a closed loop of c
+  clients runs at c and dips to c-1 between requests, and a rule that the other engine
+  win at every size seen never fires where the two engines cross between c-1 and c. The
+  table alone cannot say "restart": a drafting table can beat drafting off by table (the
+  drafter runs either way) and still lose to an engine without the drafter.
 - **Worth it**: the load has wanted the switch for `dwell_intervals` in a row, and what the
   switch saves over the expected rest of this load exceeds `cost_margin` x the switch
   cost. With no forecast of the load, the rest is taken to be as long as it has already
@@ -32,7 +34,7 @@ never below the healthy minimum) is asked outside this module.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 
@@ -76,10 +78,9 @@ def decide_replacement(
     time_per_token_other_s: float,
     switch_cost_s: float,
 ) -> tuple[ReplacementDecision, ReplacementState]:
-    """One interval. `time_per_token_*`: seconds per output token at the current load on
-    the engine as it runs now and on the other one (speculating <-> plain).
-    `other_faster_at_load`: the other engine wins at every batch size the load ran at
-    lately (`other_engine_faster_at_load`)."""
+    """One interval. `time_per_token_*`: seconds per output token over the load as it ran
+    lately on the engine as it runs now and on the other one (speculating <-> plain;
+    `load_times_per_token_s`). `other_faster_at_load`: `other_engine_faster_at_load`."""
     if interval_s <= 0 or switch_cost_s < 0 or time_per_token_now_s <= 0 or time_per_token_other_s <= 0:
         raise ValueError(f"need interval_s > 0, switch_cost_s >= 0 and positive times per token; got "
                          f"{interval_s!r}, {switch_cost_s!r}, {time_per_token_now_s!r}, {time_per_token_other_s!r}")
@@ -92,8 +93,8 @@ def decide_replacement(
     predicted_s = max(saving, 0.0) * expected_rest_s
     base = dict(saving_fraction=saving, predicted_saving_s=predicted_s, switch_cost_s=switch_cost_s)
     if not wanted:
-        why = (("the decided table beats a plain engine at some batch size the load ran at lately"
-                if state.speculating else "the table would not draft, or not pay, at some batch size the load ran at lately")
+        why = (("the decided table beats a plain engine over the load as it ran lately"
+                if state.speculating else "the table would not draft, or not pay, over the load as it ran lately")
                if not other_faster_at_load else f"an engine {target} would save only {saving:.1%} per token "
                f"(needs > {config.min_gain:.0%})")
         return (ReplacementDecision(False, state.speculating, reason=f"keep the engine: {why}", **base),
@@ -112,18 +113,28 @@ def decide_replacement(
             ReplacementState(speculating=not state.speculating, wanted_intervals=0, intervals_since_switch=0))
 
 
-def other_engine_faster_at_load(speculating: bool, times_by_batch: Iterable[tuple[int, float, float]]) -> bool:
-    """Whether the other engine wins at every batch size the load ran at lately.
-    `times_by_batch`: (K the decided table gives there, seconds per output token of the
-    speculating engine at that K, of a plain engine), one entry per batch size. Speculating:
-    the plain engine is faster at each (a K=0 entry included: the drafter's pass is still
-    paid). Plain: the table drafts at each and is faster there."""
-    rows = list(times_by_batch)
-    if not rows:
+def load_times_per_token_s(samples: Sequence[tuple[int, float, float]]) -> tuple[float, float]:
+    """(speculating engine, plain engine) seconds per output token over a load that ran one
+    interval at each sample's batch size. `samples`: one per interval, (K the decided table
+    gives at that batch size, seconds per output token there speculating, plain). Each
+    interval lasts as long as the next, so the load's tokens/s is the mean of its intervals'."""
+    if not samples:
+        raise ValueError("need at least one interval of the load")
+    return (len(samples) / sum(1 / spec_s for _, spec_s, _ in samples),
+            len(samples) / sum(1 / plain_s for _, _, plain_s in samples))
+
+
+def other_engine_faster_at_load(speculating: bool, samples: Sequence[tuple[int, float, float]]) -> bool:
+    """Whether the other engine delivers more output tokens over the load as it ran lately
+    (`load_times_per_token_s`). Speculating: a plain engine does (K=0 intervals included:
+    the drafter's pass is still paid there). Plain: the speculating engine does, and its
+    table drafts in some interval of that load (else there is nothing to come back for)."""
+    if not samples:
         return False
+    spec_s, plain_s = load_times_per_token_s(samples)
     if speculating:
-        return all(plain_s < spec_s for _, spec_s, plain_s in rows)
-    return all(k > 0 and spec_s < plain_s for k, spec_s, plain_s in rows)
+        return plain_s < spec_s
+    return any(k > 0 for k, _, _ in samples) and spec_s < plain_s
 
 
 def times_per_token_s(

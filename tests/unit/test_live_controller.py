@@ -260,13 +260,30 @@ def test_heavy_load_restarts_without_the_drafter_and_light_load_brings_it_back(d
 def test_a_short_burst_does_not_restart_and_a_disabled_replacement_never_does(drafter_costs):
     cal, overrides = drafter_costs
     ctl, engine, clock = controlled(MIXED, overrides, cal)
+    lull = 2 * ctl.replacement_config.dwell_intervals  # long enough to fill the rule's view of the load
     for _ in range(5):  # bursts of 30 intervals at 16, each followed by a lull
         run_until(ctl, engine, clock, 16, lambda: False, 30)
-        run_until(ctl, engine, clock, 1, lambda: False, 3)
+        run_until(ctl, engine, clock, 1, lambda: False, lull)
     assert engine.restarts == []
     ctl, engine, clock = controlled(MIXED, overrides + ["engine.spec.controller.replacement.enabled=false"], cal)
     run_until(ctl, engine, clock, 16, lambda: False, 300)
     assert engine.restarts == [] and ctl.state()["replacement"] == "disabled"
+
+
+def test_a_heavy_load_that_dips_between_requests_restarts_without_the_drafter_and_stays(drafter_costs):
+    # A closed loop of clients dips for an interval now and then (a request ended, the next
+    # has not started). Drafting wins at 1, a plain engine at 16: over this load, four
+    # intervals in five at 16, the plain engine delivers more, dips or not.
+    cal, overrides = drafter_costs
+    ctl, engine, clock = controlled(MIXED, overrides, cal)
+    run(ctl, engine, clock, ([16] * 4 + [1]) * 60)
+    state = ctl.state()
+    assert engine.restarts == [False] and state["engine"] == "plain", state["replacement"]
+    view = state["restart_view"]
+    assert view["by_batch_size"][1]["speculating_tokens_per_s"] > view["by_batch_size"][1]["plain_tokens_per_s"]
+    assert view["load"]["plain_tokens_per_s"] > view["load"]["speculating_tokens_per_s"]
+    run(ctl, engine, clock, ([16] * 4 + [1]) * 100)  # the same load: no flapping back
+    assert engine.restarts == [False]
 
 
 def test_timeline_plot_shades_the_spell_without_the_drafter(drafter_costs, tmp_path):

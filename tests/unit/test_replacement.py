@@ -110,14 +110,25 @@ def test_drafter_k0_cost_is_fitted_from_side_by_side_ratios_in_the_calibrations_
     assert fit_k0_draft_cost(cost, []) == cost
 
 
-def test_the_other_engine_must_win_at_every_batch_size_the_load_ran_at():
-    from control.replacement import other_engine_faster_at_load
+def test_the_other_engine_must_deliver_more_over_the_load_as_it_ran():
+    from control.replacement import load_times_per_token_s, other_engine_faster_at_load
 
-    # (K decided there, s/token speculating, s/token plain)
+    # One sample per interval: (K decided there, s/token speculating, s/token plain).
     drafting_loses = [(4, 2.0, 1.5), (4, 1.2, 1.0), (0, 1.1, 0.9)]
-    assert other_engine_faster_at_load(True, drafting_loses)  # K>0 rows count: the drafter is dear
-    assert not other_engine_faster_at_load(True, drafting_loses + [(4, 0.8, 0.9)])
+    assert other_engine_faster_at_load(True, drafting_loses)  # K>0 intervals count: the drafter is dear
+    # The load's tokens/s is the mean of its intervals': 1/s per token averaged, not s averaged.
+    assert load_times_per_token_s([(4, 1.0, 2.0), (4, 0.5, 0.5)]) == pytest.approx((2 / 3, 0.8))
+    # Four intervals at a size where the plain engine wins by 25%, one dip to where drafting
+    # wins by 10%: over the load the plain engine delivers more (a rule asking for a win at
+    # every size seen would never restart a closed loop that dips between requests).
+    dips = 4 * [(4, 1.0, 0.8)] + [(4, 0.9, 1.0)]
+    assert other_engine_faster_at_load(True, dips)
+    assert not other_engine_faster_at_load(True, [(4, 1.0, 0.8)] + 4 * [(4, 0.5, 1.0)])  # mostly where drafting wins
+    # Back to speculating: the drafting engine must deliver more, and its table draft somewhere.
     assert other_engine_faster_at_load(False, [(4, 0.8, 0.9), (4, 0.5, 0.6)])
-    assert not other_engine_faster_at_load(False, [(4, 0.8, 0.9), (0, 0.5, 0.6)])  # K=0 there: no drafting to come back for
-    assert not other_engine_faster_at_load(False, [(4, 0.8, 0.9), (4, 0.7, 0.6)])
+    assert other_engine_faster_at_load(False, [(4, 0.7, 1.0), (4, 0.7, 0.6)])
+    assert not other_engine_faster_at_load(False, [(0, 0.8, 0.9), (0, 0.5, 0.6)])  # K=0 everywhere: nothing to come back for
+    assert not other_engine_faster_at_load(False, [(4, 0.8, 0.9), (4, 0.7, 0.5)])
     assert not other_engine_faster_at_load(True, []) and not other_engine_faster_at_load(False, [])
+    with pytest.raises(ValueError, match="at least one interval"):
+        load_times_per_token_s([])
