@@ -43,6 +43,11 @@ def ray_local(s3, metrics_port):
     from serving.serve_env import serve_env
 
     os.environ.update(serve_env(first_http_port=free_port(), first_grpc_port=free_port()))
+    # A stopping replica of the shipped mode stays reachable on its own port for 30 s (Serve's
+    # default) so that a load balancer in front of those ports can deregister it; here nothing
+    # is in front of them (every test calls through Serve's proxy or a handle), and the drain
+    # made each deleted app or removed replica wait 30 s. Requests in flight are still awaited.
+    os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "1")
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
              _metrics_export_port=metrics_port)
