@@ -35,9 +35,9 @@ test-fast: install
 	$(PY) -m pytest -q -m "unit"
 
 # Head + two GPU worker nodes on this machine, node loss under Serve and both jobs
-# (tests/integration/multinode_check.py; 4-9 minutes, outside `make test`'s budget).
+# (tests/integration/test_multinode.py, part of `make test`; about 4 minutes alone).
 test-multinode: install
-	$(PY) -m pytest -q tests/integration/multinode_check.py
+	$(PY) -m pytest -q -s tests/integration/test_multinode.py
 
 bench: install
 	$(PY) -m benchmarks.run_all

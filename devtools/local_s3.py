@@ -8,6 +8,7 @@ as Ray workers inherit them), and stops it on exit. Only ever binds 127.0.0.1.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -22,11 +23,55 @@ CREDENTIALS = {
 }
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 at the time of asking."""
+# Ports are picked between Ray's worker ports (10002-19999 by default) and the kernel's
+# ephemeral range (32768 and up here, from /proc): a port picked in the ephemeral range can
+# be taken, before it is bound, as the local end of any outgoing connection or by any port-0
+# bind, and a Ray cluster makes hundreds of those (a multi-node test lost its Serve port so).
+_FIRST_PICKED_PORT = 20000
+# Ports handed out, as "first-last,...", in the environment: child processes (jobs, nodes,
+# the demo's cluster) inherit it, so no two picks in one run overlap, bound yet or not.
+_GIVEN_VAR = "PEAGLE_PORTS_GIVEN"
+
+
+def _given() -> set[int]:
+    spans = (item.split("-") for item in os.environ.get(_GIVEN_VAR, "").split(",") if item)
+    return {p for first, last in spans for p in range(int(first), int(last) + 1)}
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(span: int = 1) -> int:
+    """A TCP port on 127.0.0.1, free at the time of asking together with the `span - 1`
+    after it, outside the kernel's ephemeral range (see above) and never one given before
+    in this process or its parents."""
+    top = _ephemeral_low() - span
+    if top <= _FIRST_PICKED_PORT and span == 1:  # no room below the ephemeral range: the kernel's pick
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    given = _given()
+    candidates = [first for first in range(_FIRST_PICKED_PORT, top + 1) if given.isdisjoint(range(first, first + span))]
+    random.SystemRandom().shuffle(candidates)
+    for first in candidates:  # at most the range once
+        if all(_bindable(p) for p in range(first, first + span)):
+            os.environ[_GIVEN_VAR] = ",".join(filter(None, [os.environ.get(_GIVEN_VAR), f"{first}-{first + span - 1}"]))
+            return first
+    raise RuntimeError(f"no {span} free consecutive ports on 127.0.0.1 in {_FIRST_PICKED_PORT}-{top + span - 1}")
 
 
 class LocalS3:

@@ -42,7 +42,7 @@ def ray_local(s3, metrics_port):
     from devtools.local_s3 import free_port
     from serving.serve_env import serve_env
 
-    os.environ.update(serve_env(first_http_port=free_port(), first_grpc_port=free_port()))
+    os.environ.update(serve_env(first_http_port=free_port(span=16), first_grpc_port=free_port(span=16)))
     # A stopping replica of the shipped mode stays reachable on its own port for 30 s (Serve's
     # default) so that a load balancer in front of those ports can deregister it; here nothing
     # is in front of them (every test calls through Serve's proxy or a handle), and the drain

@@ -10,14 +10,13 @@ The engines themselves run on CPU; GPUs here are only what Ray places by.
 
 1. Placement: each GPU preset's engine pool (the job's `engine_pool`, with the plan's
    resources) runs a stage that reports its node and GPU ids instead of building an engine.
-2. The codegen job with the tiny model, two engines, HumanEval prompts from S3 -> S3.
-3. Online, a node lost under a request: the Serve app with two replicas (Serve's proxy on
+2. Online, a node lost under a request: the Serve app with two replicas (Serve's proxy on
    the head), a long request running on one; that replica's node is killed. The request
    ends (an error, not a hang), new requests succeed, the replica count comes back on the
    other worker. A fresh worker then joins (as an autoscaler would add one).
-4. A node lost mid-job: the same job again to a new output (then the log-prob scoring job,
-   after one more fresh worker joined), the engines' batches on one
-   worker held there (injected: `HoldOnDoomedNode`) until that node is removed
+3. A node lost mid-job: the codegen job with the tiny model, two engines, HumanEval
+   prompts from S3 -> S3 (then the log-prob scoring job, after one more fresh worker
+   joined), the engines' batches on one worker held there (injected: `HoldOnDoomedNode`) until that node is removed
    (`Cluster.remove_node`, a raylet and everything on it killed, like a spot reclaim); the
    job has to finish on the other worker with every row once.
 """
@@ -302,8 +301,6 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"head": cluster.head_node.node_id, "workers": [w.node_id for w in workers]}
         _phase("placement", started)
         out["placement"] = {name: placements(preset, overrides) for name, (preset, overrides) in args["placement"].items()}
-        _phase("codegen", started)
-        out["codegen"] = codegen(args, args["output"])
         _phase("serve node loss", started)
         out["serve_node_loss"] = serve_node_loss(args, cluster, workers)
         workers = _replace_lost(cluster, workers, out["serve_node_loss"]["removed_node"])

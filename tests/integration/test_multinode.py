@@ -1,11 +1,8 @@
 """Across nodes, on a head + GPU worker nodes built on this machine
-(tests/integration/multinode_cluster.py): where engines land, the codegen job run over the
-nodes, and a worker node lost under the Serve app, the codegen job and the scoring job.
-
-Not collected by `make test` (the file name does not match test_*.py; it takes 4-9 minutes here, more
-than the suite's budget): run by hand,
-
-    make test-multinode   # = .venv/bin/python -m pytest -q tests/integration/multinode_check.py
+(tests/integration/multinode_cluster.py): where engines land, and a worker node lost under
+the Serve app, under the codegen job and under the scoring job. About 4 minutes quiet (five
+rounds of engine start-ups on one cluster), in `make test`; alone: `make test-multinode`.
+The phases' times are printed (`pytest -s`) as the cluster run reports them.
 
 The Serve phase finds the replica running its long request from the streamed response's
 `x-peagle-replica-pid` header and each replica's node from `handle.stats` asked while both
@@ -62,7 +59,7 @@ def cluster_run(repo_root, tiny_models, s3):
     args = {"port": free_port(), "endpoint": s3.endpoint_url, "placement": PLACEMENT,
             "input": "s3://multinode/in", "output": "s3://multinode/out", "serve_port": free_port(),
             "score_input": "s3://multinode/score-in", "score_output": "s3://multinode/score-out"}
-    # A bound on five phases of engine start-ups on a loaded 2-core machine, not a speed; each
+    # A bound on four phases of engine start-ups on a loaded 2-core machine, not a speed; each
     # phase's own waits are bounded inside. Ray's reaper stops the nodes if this is killed.
     try:
         proc = subprocess.run([sys.executable, str(repo_root / "tests/integration/multinode_cluster.py"), json.dumps(args)],
@@ -75,6 +72,7 @@ def cluster_run(repo_root, tiny_models, s3):
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    print("\n".join(line for line in proc.stderr.splitlines() if line.startswith("[multinode]")))
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result["problems"] = problems
     return result
@@ -96,20 +94,6 @@ def test_engines_land_whole_on_gpu_nodes_as_the_plan_says(cluster_run, case, tp)
         assert len(gpus) == len(set(gpus)) == 4
 
 
-def test_codegen_job_across_nodes_every_row_once_engines_on_workers(cluster_run, s3):
-    summary = cluster_run["codegen"]
-    assert summary["rows_in"] == summary["rows_ok"] == 16 and summary["reconciled"]
-    # Where the engines that ran rows were. (Whether the second engine gets rows before the
-    # first has done all 16 depends on start-up times; the pool's spread is the test above.)
-    by_node = summary["engines"]["engines_by_node"]
-    assert by_node and set(by_node) <= set(cluster_run["workers"])
-    assert sum(by_node.values()) == summary["engines"]["num_engines"]
-    fs = s3.filesystem()
-    ids = [json.loads(line)["custom_id"] for path in sorted(fs.find("multinode/out/results"))
-           for line in fs.cat_file(path).decode().splitlines()]
-    assert sorted(ids) == sorted(p["task_id"] for p in cluster_run["problems"])
-
-
 def test_codegen_job_survives_losing_a_worker_node_mid_job_every_row_once(cluster_run, s3):
     lost = cluster_run["node_loss"]
     # The node went while it held rows in flight (a batch there never finishes until it goes).
@@ -122,8 +106,11 @@ def test_codegen_job_survives_losing_a_worker_node_mid_job_every_row_once(cluste
            for line in fs.cat_file(path).decode().splitlines()]
     assert sorted(ids) == sorted(p["task_id"] for p in cluster_run["problems"])  # none lost, none twice
     assert [line for path in fs.find("multinode/out-node-loss/errors") for line in fs.cat_file(path).splitlines()] == []
+    # Engines ran on the workers only (the head takes no work), the survivor among them.
+    by_node = summary["engines"]["engines_by_node"]
     survivor = set(workers) - {lost["removed_node"]}
-    assert survivor <= set(summary["engines"]["engines_by_node"])
+    assert survivor <= set(by_node) <= set(workers)
+    assert sum(by_node.values()) == summary["engines"]["num_engines"]
     print(f"node lost mid-job: job finished {lost['recovery_s']:.1f} s after the node went")
 
 
