@@ -16,9 +16,9 @@ The engines themselves run on CPU; GPUs here are only what Ray places by.
    other worker. A fresh worker then joins (as an autoscaler would add one).
 3. A node lost mid-job: the codegen job with the tiny model, two engines, HumanEval
    prompts from S3 -> S3 (then the log-prob scoring job, after one more fresh worker
-   joined), the engines' batches on one worker held there (injected: `HoldOnDoomedNode`) until that node is removed
-   (`Cluster.remove_node`, a raylet and everything on it killed, like a spot reclaim); the
-   job has to finish on the other worker with every row once.
+   joined), the engines' batches on one worker held there (injected: `HoldOnDoomedNode`)
+   until that node is removed (`Cluster.remove_node`, a raylet and everything on it killed,
+   like a spot reclaim); the job has to finish on the other worker with every row once.
 """
 
 from __future__ import annotations
