@@ -1,8 +1,8 @@
 """Across nodes, on a head + GPU worker nodes built on this machine
 (tests/integration/multinode_cluster.py): where engines land, and a worker node lost under
-the Serve app, under the codegen job and under the scoring job. About 4 minutes quiet (three
-rounds of engine start-ups, and their replacements, on one cluster), in `make test`; alone: `make test-multinode`.
-The phases' times are printed (`pytest -s`) as the cluster run reports them.
+the Serve app, under the codegen job and under the scoring job. About 4 minutes quiet
+(three rounds of engine start-ups, and their replacements, on one cluster), in `make test`;
+alone: `make test-multinode`. The phases' times are printed (`pytest -s`) as the cluster run reports them.
 
 The Serve phase finds the replica running its long request from the streamed response's
 `x-peagle-replica-pid` header and each replica's node from `handle.stats` asked while both
