@@ -116,6 +116,7 @@ class Engine(EngineLifecycle):
             cfg = cfg.model_copy(deep=True)
             cfg.spec.schedule = startup_schedule(cfg)  # a table from the start: K can then change live
         self.cfg = cfg
+        self.device = device  # a CPU engine's restart overlaps the old core's teardown (engine_lifecycle)
         self.defaults = defaults or SamplingDefaults()
         self.stats = SpecDecodeStats(num_spec_tokens=cfg.spec.num_speculative_tokens or 0)
         self.signals: dict[str, Any] = {}

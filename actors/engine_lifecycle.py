@@ -17,7 +17,8 @@ engine. A rebuild that fails leaves the engine dead: health checks then fail, so
 replaces the replica, and batch rows end as errors with the reason.
 
 The two kinds of restart share one path (`_rebuild`): stop the old engine off the event
-loop, start the new one off it, re-bind the OpenAI layer, count the restart (the
+loop, start the new one off it (on a CPU while the old core tears down; on a GPU after,
+so the new one finds the memory free), re-bind the OpenAI layer, count the restart (the
 speculation controller re-syncs its table on that count). Knows nothing about Ray.
 """
 
@@ -123,11 +124,16 @@ class EngineLifecycle:
     async def _rebuild_now(self, speculating: bool) -> None:
         # Both off the event loop: stopping and starting an engine take seconds, and the
         # loop keeps answering health checks and holding the waiting requests meanwhile.
+        # The old engine has no request left (drained, or dead). On a GPU its memory must be
+        # free before the new engine sizes its KV cache, so it stops first; on a CPU the
+        # new engine starts while the old core tears down (~3 s of a ~10 s restart here).
+        stopping = asyncio.create_task(asyncio.to_thread(_stop_quietly, self._llm))
+        if getattr(self, "device", "cpu") != "cpu":
+            await stopping
         try:
-            await asyncio.to_thread(stop_engine, self._llm)
-        except Exception:  # a dead engine may fail to stop cleanly; its process is gone anyway
-            log.warning("stopping the old engine failed", exc_info=True)
-        await asyncio.to_thread(self._start_llm, engine_kwargs(self.cfg, speculating))
+            await asyncio.to_thread(self._start_llm, engine_kwargs(self.cfg, speculating))
+        finally:
+            await stopping
         self.speculating = speculating
         self.num_restarts += 1
         self.engine_generation += 1
@@ -240,6 +246,13 @@ def _shutdown_if_alive(ref: weakref.ref) -> None:
             engine.shutdown()
         except Exception:  # the process is going away; vLLM's own hooks still stop the core
             log.warning("stopping the engine at exit failed", exc_info=True)
+
+
+def _stop_quietly(llm) -> None:
+    try:
+        stop_engine(llm)
+    except Exception:  # a dead engine may fail to stop cleanly; its process is gone anyway
+        log.warning("stopping the old engine failed", exc_info=True)
 
 
 def stop_engine(llm, wait_s: float = 5.0) -> None:
