@@ -188,8 +188,8 @@ def test_batch_job_shares_replicas_with_online_and_online_never_fails(app_url, c
 def test_prometheus_exports_spec_decode_counters_per_replica(app_url, client, metrics_port):
     client.completions.create(model="tiny", prompt="def g():", max_tokens=8)
     replica_pid = serve.get_app_handle("peagle").stats.remote().result()["replica_pid"]
-    # Ray's metrics agent exports each metric on its own schedule, so a scrape can hold the
-    # replica's draft counter before its gauges: wait (bounded) until all three are out.
+    # A scrape can hold the replica's draft counter before its gauges (seen once on a
+    # loaded machine): wait (bounded) until all three are out.
     deadline, lines = time.monotonic() + 90, []
     while time.monotonic() < deadline:
         lines = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text.splitlines()
