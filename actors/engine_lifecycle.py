@@ -45,8 +45,8 @@ def is_engine_death(exc: BaseException) -> bool:
 
 
 class EngineLifecycle:
-    """Mixed into `actors.engine.Engine`, which provides `_llm`, `cfg`, `speculating`,
-    `_start_llm(kwargs)`, `_openai` and `step_window`."""
+    """Mixed into `actors.engine.Engine`, which provides `_llm`, `cfg`, `device`,
+    `speculating`, `_start_llm(kwargs)`, `_openai` and `step_window`."""
 
     def _init_lifecycle(self) -> None:
         self._admitted = asyncio.Event()  # cleared while the engine restarts
@@ -128,7 +128,7 @@ class EngineLifecycle:
         # free before the new engine sizes its KV cache, so it stops first; on a CPU the
         # new engine starts while the old core tears down (~3 s of a ~10 s restart here).
         stopping = asyncio.create_task(asyncio.to_thread(_stop_quietly, self._llm))
-        if getattr(self, "device", "cpu") != "cpu":
+        if self.device != "cpu":
             await stopping
         try:
             await asyncio.to_thread(self._start_llm, engine_kwargs(self.cfg, speculating))

@@ -202,8 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def fixed_arms(results: dict) -> list[str]:
+    """The fixed-K arms of a run (K0 = the plain engine), in the order they ran."""
+    return [a for a in results if a.startswith("K")]
+
+
 def print_table(results: dict, concurrency: list[int]) -> dict:
-    fixed = [a for a in results if a.startswith("K")]
+    fixed = fixed_arms(results)
     arms = list(results)
     print("\noutput tokens/s, closed loop (P-EAGLE, synthetic acceptance at published rates)")
     print(f"{'c':>3} " + "".join(f"{a:>11}" for a in arms) + f"{'ctl/best K':>12}{'best K':>8}{'ctl/own':>12}{'ctl K':>10}")
@@ -247,7 +252,7 @@ def phase_oracle(results: dict, concurrency: list[int]) -> dict | None:
     between them cost nothing. A controller pays a restart to change engines, so it can
     come near this figure but not above it (run-to-run noise aside); a goal above the
     oracle cannot be met on the day it was measured."""
-    fixed = [a for a in results if a.startswith("K")]
+    fixed = fixed_arms(results)
     if not fixed:
         return None
     best = {str(c): max(fixed, key=lambda a: results[a][str(c)]["tokens_per_s"]) for c in concurrency}
@@ -259,7 +264,7 @@ def phase_oracle(results: dict, concurrency: list[int]) -> dict | None:
 def print_trace(results: dict, concurrency: list[int], shipped: str) -> dict:
     """The whole trace: the controller against the best fixed K over it, the shipped K,
     and the per-phase oracle (`phase_oracle`)."""
-    fixed = [a for a in results if a.startswith("K")]
+    fixed = fixed_arms(results)
     total = {a: results[a]["trace"]["tokens_per_s"] for a in results}
     print("\nwhole trace, output tokens/s: " + ", ".join(f"{a} {v:.1f}" for a, v in total.items()))
     best = max(fixed, key=total.get, default=None)
