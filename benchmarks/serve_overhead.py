@@ -22,7 +22,12 @@ Also measured per server and load: CPU seconds the server's whole process tree s
 output token (where the time goes: what a front end burns is taken from the engine on a
 CPU-bound host). Writes out/bench/serve_overhead.{json,md,png}.
 
-    python -m benchmarks.serve_overhead [--servers project-direct,vllm-serve-inproc] [--num-prompts 200]
+Rounds (`--rounds N`): every server runs every load once per round, servers in the same order
+each round, so a drift in the machine's speed touches every server of a round alike. A server's
+figures are the median over rounds, and a ratio is the median of the rounds' own ratios (each
+taken between two servers of one round); the per-round values are kept in the JSON.
+
+    python -m benchmarks.serve_overhead [--servers project-direct,vllm-serve-inproc] [--num-prompts 600] [--rounds 3]
 
 `vllm bench serve` runs through `benchmarks.vllm_cli` (the CPU wheel's `vllm` script fails).
 """
@@ -33,6 +38,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,13 +53,17 @@ OUT_DIR = Path("out/bench")
 MODEL_NAME = "tiny"
 START_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 60.0
-# name -> (bench serve arguments, prompts as a share of --num-prompts)
+# name -> (bench serve arguments, prompts as a share of --num-prompts). At the default 600
+# prompts each load lasts ~20-60 s here (c1: 100 prompts, 4 req/s: 100 prompts = 25 s); runs
+# of ~8 s (200 prompts at c=16 on a fast day) moved a ratio by +-8% from one run to the next.
 LOADS: dict[str, tuple[list[str], float]] = {
-    "c1": (["--max-concurrency", "1"], 0.25),
-    "4rps": (["--request-rate", "4"], 0.5),
+    "c1": (["--max-concurrency", "1"], 1 / 6),
+    "4rps": (["--request-rate", "4"], 1 / 6),
     "c16": (["--max-concurrency", "16"], 1.0),
     "unlimited": (["--request-rate", "inf"], 1.0),
 }
+MEDIAN_KEYS = ("output_tok_s", "ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms", "server_cpu_ms_per_token",
+               "duration_s")
 SERVERS = ["project-direct", "project-proxy", "vllm-serve-inproc", "vllm-serve-inproc-all-cores", "vllm-serve",
            "ray-serve-llm"]
 
@@ -246,25 +256,26 @@ def run_load(url: str, load: str, num_prompts: int, args, out: Path, server_pid:
             "duration_s": round(raw["duration"], 2), "server_cpu_s_by_process": roles}
 
 
-def run_server(name: str, args, out_dir: Path) -> dict[str, Any]:
+def run_server(name: str, args, out_dir: Path, label: str | None = None) -> dict[str, Any]:
     from devtools.local_s3 import free_port
 
+    label = label or name  # file names and log lines (the round, when there are several)
     port, direct_port = free_port(), free_port()
     url = f"http://127.0.0.1:{direct_port if name == 'project-direct' else port}"
     cmd, env = server_command(name, port, direct_port, args)
-    log_path = out_dir / f"{name}.log"
+    log_path = out_dir / f"{label}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         results: dict[str, Any] = {}
         try:
             started = time.monotonic()
             wait_ready(url, proc, START_TIMEOUT_S)
-            print(f"[{name}] ready in {time.monotonic() - started:.0f}s", flush=True)
+            print(f"[{label}] ready in {time.monotonic() - started:.0f}s", flush=True)
             for load, (_, share) in LOADS.items():
-                num = max(8, int(args.num_prompts * share))
-                results[load] = run_load(url, load, num, args, out_dir / f"{name}-{load}.json", proc.pid)
+                num = max(8, round(args.num_prompts * share))
+                results[load] = run_load(url, load, num, args, out_dir / f"{label}-{load}.json", proc.pid)
                 r = results[load]
-                print(f"[{name}] {load:10} {r['output_tok_s']:>8} tok/s  TTFT mean {r['ttft_mean_ms']} ms "
+                print(f"[{label}] {load:10} {r['output_tok_s']:>8} tok/s  TTFT mean {r['ttft_mean_ms']} ms "
                       f"p99 {r['ttft_p99_ms']} ms  failed {r['failed']}  server CPU "
                       f"{r['server_cpu_ms_per_token']} ms/token {r['server_cpu_s_by_process']} in {r['duration_s']}s",
                       flush=True)
@@ -273,10 +284,35 @@ def run_server(name: str, args, out_dir: Path) -> dict[str, Any]:
     return results
 
 
-def ratios(report: dict[str, Any], num: str, den: str, key: str) -> dict[str, float | None]:
-    a, b = report["servers"].get(num, {}), report["servers"].get(den, {})
-    return {load: round(a[load][key] / b[load][key], 3) if load in a and load in b and b[load][key] else None
-            for load in LOADS}
+def ratios(rounds: list[dict[str, dict[str, Any]]], num: str, den: str, key: str) -> dict[str, float | None]:
+    """Per load, the median over rounds of num's figure over den's in the same round (None
+    where no round has both)."""
+    out: dict[str, float | None] = {}
+    for load in LOADS:
+        per_round = [servers[num][load][key] / servers[den][load][key] for servers in rounds
+                     if load in servers.get(num, {}) and load in servers.get(den, {})
+                     and servers[den][load][key]]
+        out[load] = round(statistics.median(per_round), 3) if per_round else None
+    return out
+
+
+def median_over_rounds(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """{server: {load: figures}}, each number the median over the rounds that ran it; `failed`
+    is the sum (one failed request in any round counts), `rounds` the per-round figures."""
+    merged: dict[str, dict[str, Any]] = {}
+    for servers in rounds:
+        for name, by_load in servers.items():
+            for load, r in by_load.items():
+                merged.setdefault(name, {}).setdefault(load, []).append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for name, by_load in merged.items():
+        out[name] = {}
+        for load in (l for l in LOADS if l in by_load):
+            runs = by_load[load]
+            figures = {key: round(statistics.median(r[key] for r in runs), 3)
+                       for key in MEDIAN_KEYS if all(r.get(key) is not None for r in runs)}
+            out[name][load] = {**figures, "failed": sum(r["failed"] for r in runs), "rounds": runs}
+    return out
 
 
 def render(report: dict[str, Any]) -> str:
@@ -284,12 +320,15 @@ def render(report: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|"]
     for name, by_load in report["servers"].items():
         for load, r in by_load.items():
-            lines.append(f"| {name} | {load} | {r['output_tok_s']} | {r['ttft_mean_ms']} | {r['ttft_p99_ms']} "
-                         f"| {r['failed']} | {r['server_cpu_ms_per_token']} |")
-    lines += ["", "| ratio (throughput) | " + " | ".join(LOADS) + " |", "|---|" + "---|" * len(LOADS)]
-    for label, values in report["ratios"].items():
-        lines.append(f"| {label} | " + " | ".join("-" if values[l] is None else f"{values[l]:.2f}" for l in LOADS)
-                     + " |")
+            lines.append(f"| {name} | {load} | {r.get('output_tok_s')} | {r.get('ttft_mean_ms')} | "
+                         f"{r.get('ttft_p99_ms')} | {r['failed']} | {r.get('server_cpu_ms_per_token')} |")
+    for title, key in (("throughput", "ratios"), ("TTFT p99", "ttft_p99_ratios")):
+        if key not in report:
+            continue
+        lines += ["", f"| ratio ({title}) | " + " | ".join(LOADS) + " |", "|---|" + "---|" * len(LOADS)]
+        for label, values in report.get(key, {}).items():
+            lines.append(f"| {label} | " + " | ".join("-" if values[l] is None else f"{values[l]:.2f}"
+                                                     for l in LOADS) + " |")
     return "\n".join(lines)
 
 
@@ -324,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--servers", default=",".join(SERVERS), help=f"comma-separated subset of {SERVERS}")
     p.add_argument("--config", default="tiny")
     p.add_argument("--override", action="append", default=[], help="config override a.b=value; repeatable")
-    p.add_argument("--num-prompts", type=int, default=200, help="prompts at c16 / unlimited; c1 runs a quarter")
+    p.add_argument("--num-prompts", type=int, default=600,
+                   help="prompts at c16 / unlimited; c1 and 4 req/s run a sixth")
+    p.add_argument("--rounds", type=int, default=1, help="run every server this many times, in turn")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--load-timeout-s", type=float, default=900.0)
@@ -342,21 +383,29 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in servers if s not in SERVERS]
     if unknown:
         p.error(f"unknown server(s) {unknown}; choose from {SERVERS}")
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds}")
     out_dir = OUT_DIR / "serve_overhead"
     out_dir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if k not in ("host_server", "port", "cfg", "engine_kwargs")},
                               "serve_env": serve_env(), "servers": {}, "errors": {}}
-    for name in servers:
-        try:
-            report["servers"][name] = run_server(name, args, out_dir)
-        except Exception as exc:  # noqa: BLE001 -- one server failing must not hide the others
-            print(f"[{name}] failed: {exc} (log: {out_dir / (name + '.log')})", flush=True)
-            report["errors"][name] = str(exc)[-2000:]
-    report["ratios"] = {f"{ours} / {den}": ratios(report, ours, den, "output_tok_s")
-                        for ours in ("project-direct", "project-proxy")
-                        for den in ("vllm-serve-inproc", "vllm-serve-inproc-all-cores", "vllm-serve", "ray-serve-llm")}
-    report["ratios"]["project-direct / project-proxy"] = ratios(report, "project-direct", "project-proxy",
-                                                                "output_tok_s")
+    rounds: list[dict[str, dict[str, Any]]] = []
+    for i in range(args.rounds):
+        rounds.append({})
+        for name in servers:
+            label = name if args.rounds == 1 else f"{name}-r{i + 1}"
+            try:
+                rounds[-1][name] = run_server(name, args, out_dir, label)
+            except Exception as exc:  # noqa: BLE001 -- one server failing must not hide the others
+                print(f"[{label}] failed: {exc} (log: {out_dir / (label + '.log')})", flush=True)
+                report["errors"][label] = str(exc)[-2000:]
+    report["servers"] = median_over_rounds(rounds)
+    pairs = [(ours, den) for ours in ("project-direct", "project-proxy")
+             for den in ("vllm-serve-inproc", "vllm-serve-inproc-all-cores", "vllm-serve", "ray-serve-llm")]
+    report["ratios"] = {f"{ours} / {den}": ratios(rounds, ours, den, "output_tok_s")
+                        for ours, den in pairs + [("project-direct", "project-proxy")]}
+    report["ttft_p99_ratios"] = {f"project-direct / {den}": ratios(rounds, "project-direct", den, "ttft_p99_ms")
+                                 for den in ("vllm-serve-inproc", "vllm-serve")}
     report["ttft_added_ms_c1"] = {
         f"{ours} - {den}": round(report["servers"][ours]["c1"]["ttft_mean_ms"]
                                  - report["servers"][den]["c1"]["ttft_mean_ms"], 1)
