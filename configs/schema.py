@@ -490,6 +490,12 @@ class AppConfig(StrictModel):
         None, description="Job input: s3:// or local prefix/glob of JSONL/Parquet shards."
     )
     output: str | None = Field(None, description="Job output prefix (s3:// or local).")
+    read_tasks: int = Field(
+        2, ge=1, description="Batch jobs: shards read at once (a light task each). Reading is far "
+        "faster than generation, so a few keep any pool fed; each one also starts a Python worker, "
+        "and on nodes shared with replicas a job that started a dozen at once stalled online "
+        "requests for seconds."
+    )
     s3_endpoint_url: str | None = Field(
         None, description="S3 endpoint for a non-AWS store, e.g. http://127.0.0.1:5555."
     )

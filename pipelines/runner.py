@@ -94,7 +94,8 @@ def run_shard_job(cfg: "AppConfig", spec: ShardJobSpec,
     board = start_board()
     if todo:
         items = [shard_item(name, files) for name, files in todo]
-        ds = read_stage(ray.data.from_items(items, override_num_blocks=len(items)), fs_spec, spec.parse)
+        ds = read_stage(ray.data.from_items(items, override_num_blocks=len(items)), fs_spec, spec.parse,
+                        cfg.read_tasks)
         if spec.engine_step is not None:
             ds = spec.engine_step(ds, cfg, plan, board)
         else:

@@ -48,9 +48,15 @@ def shard_item(name: str, files: list[Shard]) -> dict[str, Any]:
     return {"shard": name, "files": json.dumps([[f.uri, f.format] for f in files])}
 
 
-def read_stage(ds: "ray.data.Dataset", fs_spec: FsSpec, parse: Parser) -> "ray.data.Dataset":
-    """shard items -> rows, as light CPU tasks."""
-    return ds.flat_map(ReadRows(fs_spec, parse), num_cpus=READ_CPUS)
+def read_stage(ds: "ray.data.Dataset", fs_spec: FsSpec, parse: Parser, max_tasks: int) -> "ray.data.Dataset":
+    """shard items -> rows, as light CPU tasks, at most `max_tasks` at once. Without the cap
+    Ray Data starts as many as the CPUs allow (16 on 4 logical CPUs), and every one is a new
+    worker process importing Ray: seconds of CPU taken at once from the engines and the
+    online requests on the same node."""
+    import ray.data
+
+    return ds.flat_map(ReadRows(fs_spec, parse), num_cpus=READ_CPUS,
+                       compute=ray.data.TaskPoolStrategy(size=max_tasks))
 
 
 class ReadRows:

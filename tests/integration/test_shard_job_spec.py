@@ -46,3 +46,53 @@ def test_readme_classification_spec_labels_rows_and_sends_bad_records_to_errors(
     marker = run.committer.markers["a"]
     assert (marker["rows"], marker["ok"], marker["errors"]) == (3, 2, 1)
     assert run.engines.engine_events()["num_engines"] == 1  # the engine reported through the side channel
+
+
+def test_a_job_reads_at_most_read_tasks_shards_at_once(ray_local, tmp_path):
+    """Every read task runs in a worker process of its own: a job must not start a dozen at
+    once on a node it shares with engines and online requests. Each task holds its shard
+    (bounded) until all shards are in, so without the cap the others start meanwhile."""
+    import time
+
+    import ray
+    import ray.data
+
+    from pipelines.shardjob import read_stage, shard_item
+    from pipelines.storage import FsSpec, Shard
+
+    @ray.remote(num_cpus=0)
+    class Gauge:
+        def __init__(self):
+            self.now, self.most, self.entered = 0, 0, 0
+
+        def enter(self):
+            self.now, self.entered = self.now + 1, self.entered + 1
+            self.most = max(self.most, self.now)
+
+        def leave(self):
+            self.now -= 1
+
+        def state(self):
+            return self.most, self.entered
+
+    gauge, num_shards = Gauge.remote(), 6
+
+    def parse(raw, shard, line_no):
+        ray.get(gauge.enter.remote())
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and ray.get(gauge.state.remote())[1] < num_shards:
+            time.sleep(0.05)
+        ray.get(gauge.leave.remote())
+        return [(f"{shard}-{line_no}", json.loads(raw))]
+
+    items = []
+    for i in range(num_shards):
+        path = tmp_path / f"s{i}.jsonl"
+        path.write_text('{"x": 1}\n')
+        items.append(shard_item(f"s{i}", [Shard(f"s{i}", str(path), "jsonl")]))
+    ds = read_stage(ray.data.from_items(items, override_num_blocks=num_shards), FsSpec(), parse, max_tasks=2)
+    rows = ds.take_all()
+    assert sorted(r["custom_id"] for r in rows) == [f"s{i}-1" for i in range(num_shards)]
+    assert all(r["error"] is None for r in rows)
+    most, entered = ray.get(gauge.state.remote())
+    assert entered == num_shards and most <= 2, f"{most} read tasks ran at once (cap 2)"
