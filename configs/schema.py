@@ -419,6 +419,9 @@ class BatchClientConfig(StrictModel):
     initial_in_flight: int = Field(8, ge=1, description="Rows in flight per client at start.")
     max_in_flight: int = Field(64, ge=1, description="Upper bound of the adaptive window.")
     max_backoff_s: float = Field(5.0, gt=0, description="Longest wait between retries of a busy row.")
+    nice: int = Field(10, ge=0, le=19, description="CPU nice value of the job's own processes (the "
+                      "driver of `python -m jobs.*`, shard readers, the client actor): on a node shared "
+                      "with replicas they give way to the engines and the HTTP proxy. 0 = unchanged.")
 
 
 _DEFAULT_LIMITS = SandboxLimits()

@@ -154,6 +154,10 @@ def job_main(argv: list[str] | None, doc: str, run: Callable[[AppConfig], dict[s
         return 0
     if not require_input_output(cfg):
         return 2
+    if cfg.serve_app:  # this driver's work gives way to the replicas it shares a node with
+        from pipelines.cpu_priority import give_way
+
+        give_way(cfg.batch_client.nice)
     if input_shards:
         from pipelines.storage import FsSpec, list_shards
 

@@ -95,7 +95,7 @@ def run_shard_job(cfg: "AppConfig", spec: ShardJobSpec,
     if todo:
         items = [shard_item(name, files) for name, files in todo]
         ds = read_stage(ray.data.from_items(items, override_num_blocks=len(items)), fs_spec, spec.parse,
-                        cfg.read_tasks)
+                        cfg.read_tasks, nice=cfg.batch_client.nice if cfg.serve_app else 0)
         if spec.engine_step is not None:
             ds = spec.engine_step(ds, cfg, plan, board)
         else:

@@ -28,8 +28,10 @@ class ServeStage:
         from ray import serve
 
         from configs.schema import AppConfig
+        from pipelines.cpu_priority import give_way
 
         app = AppConfig.model_validate(cfg)
+        give_way(app.batch_client.nice)  # batch gives way to the replicas on a shared node
         self.handle = serve.get_app_handle(app.serve_app)
         client = app.batch_client
         self.window = AdaptiveWindow(client.initial_in_flight, client.max_in_flight, client.max_backoff_s)

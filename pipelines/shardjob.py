@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pipelines.cpu_priority import give_way
 from pipelines.rows import RowError
 from pipelines.storage import FsSpec, Shard, StorageError, read_shard
 
@@ -48,14 +49,15 @@ def shard_item(name: str, files: list[Shard]) -> dict[str, Any]:
     return {"shard": name, "files": json.dumps([[f.uri, f.format] for f in files])}
 
 
-def read_stage(ds: "ray.data.Dataset", fs_spec: FsSpec, parse: Parser, max_tasks: int) -> "ray.data.Dataset":
-    """shard items -> rows, as light CPU tasks, at most `max_tasks` at once. Without the cap
-    Ray Data starts as many as the CPUs allow (16 on 4 logical CPUs), and every one is a new
-    worker process importing Ray: seconds of CPU taken at once from the engines and the
-    online requests on the same node."""
+def read_stage(ds: "ray.data.Dataset", fs_spec: FsSpec, parse: Parser, max_tasks: int,
+               nice: int = 0) -> "ray.data.Dataset":
+    """shard items -> rows, as light CPU tasks, at most `max_tasks` at once, at CPU nice
+    value `nice` (pipelines.cpu_priority). Without the cap Ray Data starts as many as the
+    CPUs allow (16 on 4 logical CPUs), and every one is a new worker process importing Ray:
+    seconds of CPU taken at once from the engines and the online requests on the same node."""
     import ray.data
 
-    return ds.flat_map(ReadRows(fs_spec, parse), num_cpus=READ_CPUS,
+    return ds.flat_map(ReadRows(fs_spec, parse, nice), num_cpus=READ_CPUS,
                        compute=ray.data.TaskPoolStrategy(size=max_tasks))
 
 
@@ -65,11 +67,13 @@ class ReadRows:
     an `invalid_request` naming it); a bad line becomes one error row, an unreadable file
     one error row: never a failed job."""
 
-    def __init__(self, fs_spec: FsSpec, parse: Parser):
+    def __init__(self, fs_spec: FsSpec, parse: Parser, nice: int = 0):
         self.fs_spec = fs_spec
         self.parse = parse
+        self.nice = nice
 
     def __call__(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        give_way(self.nice)
         rows: list[dict[str, Any]] = []
         line_no = 0
 
