@@ -2,7 +2,9 @@
 
 One run, side by side, per arm (a named set of config overrides for the Serve app):
 (A) online requests alone at a fixed rate, (B) the batch job alone through the app's
-batch door, (C) both at once. Reports online p50/p99 time-to-first-token and tokens/s,
+batch door, (C) both at once. The batch job runs as `ray job submit` runs it: a driver
+process of its own on the cluster (a thread of this process would share the load
+generator's interpreter and slow its requests down). Reports online p50/p99 time-to-first-token and tokens/s,
 and batch tokens/s solo vs shared, as ratios to the same arm's A and B. The default arms:
 `priority-only` (batch rows never pause, vLLM's default step budget: priority and the
 batch share only) and `shipped` (the preset as it is: batch rows pause while online
@@ -15,7 +17,8 @@ Goal: p99 TTFT shared <= 1.25x alone while batch keeps >= 50% of its solo throug
 The shared phase lasts as long as the batch job: size `--batch-rows` so that it holds at
 least as many online requests as the alone phase (both counts are printed; a shared phase
 of a few seconds makes its p99 the maximum of a handful of requests). Past HumanEval's 164
-problems the prompts repeat under ids of their own (`HumanEval/0~1`, ...).
+problems the prompts repeat under ids of their own (`HumanEval/0~1`, ...). The plot's
+right panel shows each shared-phase request's TTFT against the time since the job started.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ import argparse
 import asyncio
 import json
 import random
+import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -72,7 +78,7 @@ async def online_load(url: str, rate_per_s: float, duration_s: float, max_tokens
                         tokens = chunk["usage"]["completion_tokens"]
         except Exception as exc:  # recorded, reported as a failed online request
             error = repr(exc)
-        records.append({"ttft_s": ttft, "latency_s": time.monotonic() - started,
+        records.append({"sent_at": started, "ttft_s": ttft, "latency_s": time.monotonic() - started,
                         "tokens": tokens, "error": error})
 
     async with httpx.AsyncClient(timeout=300) as client:
@@ -126,7 +132,6 @@ def main(argv: list[str] | None = None) -> int:
     from ray import serve
 
     from configs import load_config
-    from jobs.codegen import run_codegen
     from jobs.demo import upload_jsonl_shards
     from devtools.local_s3 import LocalS3, free_port
     from serving.app import deployment_for
@@ -144,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             serve.run(deployment_for(load_config("tiny", [*BASE, *overrides])), name="peagle", route_prefix="/")
 
             def batch_job(tag: str):
-                return run_codegen(load_config("tiny", [
-                    "input=s3://bench/in", f"output=s3://bench/out-{name}-{tag}", f"s3_endpoint_url={s3.endpoint_url}",
-                    "serve_app=peagle", f"sampling.max_tokens={args.batch_max_tokens}"]))
+                return run_job_process(["input=s3://bench/in", f"output=s3://bench/out-{name}-{tag}",
+                                        f"s3_endpoint_url={s3.endpoint_url}", "serve_app=peagle",
+                                        f"sampling.max_tokens={args.batch_max_tokens}"])
 
             print(f"[{name}] A: online alone ...", flush=True)
             started = time.monotonic()
@@ -164,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'arm':10}{'TTFT p50 alone/shared':>24}{'x':>6}{'TTFT p99 alone/shared':>24}{'x':>6}"
           f"{'batch tok/s solo/shared':>25}{'x':>6}{'online failed':>15}")
     for name, (alone, solo, shared, batch) in results.items():
-        row = {"overrides": arms[name], "online_alone": alone, "online_with_batch": shared,
+        timeline = shared.pop("timeline")
+        row = {"overrides": arms[name], "online_alone": alone, "online_with_batch": shared, "shared_timeline": timeline,
                "batch_alone_tokens_per_s": solo["output_tokens_per_s"],
                "batch_shared_tokens_per_s": batch["output_tokens_per_s"],
                "batch_rows_in": batch["rows_in"], "batch_rows_ok": batch["rows_ok"],
@@ -185,8 +191,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run_job_process(overrides: list[str], timeout_s: float = 1800) -> dict:
+    """The codegen job in a driver process of its own on this Ray cluster; its summary."""
+    import ray
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    proc = subprocess.run([sys.executable, "-m", "jobs.codegen", "--config", "tiny", *overrides], env=env,
+                          capture_output=True, text=True, timeout=timeout_s)
+    out = proc.stdout
+    if proc.returncode != 0 or "{" not in out:
+        raise RuntimeError(f"batch job exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return json.loads(out[out.index("{"):out.rindex("}") + 1])
+
+
 def run_shared(url: str, args, run_batch_job) -> tuple[dict, dict]:
-    """Phase C: the batch job in a thread, online load beside it until the job ends."""
+    """Phase C: the batch job (its own process, watched by a thread), online load beside it
+    until the job ends."""
     summary: dict = {}
     done = threading.Event()
 
@@ -197,11 +217,14 @@ def run_shared(url: str, args, run_batch_job) -> tuple[dict, dict]:
             done.set()
 
     job = threading.Thread(target=run_batch)
+    job_started = time.monotonic()
     job.start()
     time.sleep(5)  # let the batch job fill its window first: the worst case for online
     started = time.monotonic()
     records = asyncio.run(online_load(url, args.rate, 4 * args.online_s, args.online_max_tokens, seed=1, until=done))
     shared = summarize_online(records, time.monotonic() - started)
+    shared["timeline"] = [[round(r["sent_at"] - job_started, 2), r["ttft_s"] and round(r["ttft_s"], 4)]
+                          for r in sorted(records, key=lambda r: r["sent_at"])]
     job.join(timeout=1800)
     return shared, {**summary["this_run"], "rows_in": summary["rows_in"], "rows_ok": summary["rows_ok"]}
 
@@ -213,7 +236,7 @@ def _plot(report: dict) -> None:
     import matplotlib.pyplot as plt
 
     names = list(report["arms"])
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 3.8))
     for i, key in enumerate(("ttft_p50_ratio", "ttft_p99_ratio")):
         ax1.bar([x + 0.38 * i for x in range(len(names))], [report["arms"][n][key] for n in names], width=0.36,
                 label=key.replace("ttft_", "").replace("_ratio", ""))
@@ -224,6 +247,15 @@ def _plot(report: dict) -> None:
     ax2.bar(names, [report["arms"][n]["batch_throughput_ratio"] for n in names])
     ax2.axhline(0.5, color="grey", linestyle="--", linewidth=1)
     ax2.set_ylabel("batch tok/s with online / alone")
+    for n in names:
+        points = [(t, 1000 * ttft) for t, ttft in report["arms"][n]["shared_timeline"] if ttft is not None]
+        ax3.scatter([t for t, _ in points], [v for _, v in points], s=6, label=n)
+        ax3.axhline(1000 * report["arms"][n]["online_alone"]["ttft_p99_s"], linewidth=1, linestyle=":",
+                    color=ax3.collections[-1].get_facecolor()[0])
+    ax3.set_yscale("log")
+    ax3.set_xlabel("s since the batch job started")
+    ax3.set_ylabel("online TTFT with batch, ms (dotted: p99 alone)")
+    ax3.legend()
     fig.suptitle("Online latency and batch throughput on shared replicas")
     fig.tight_layout()
     fig.savefig(OUT_DIR / "online_vs_batch.png", dpi=120)
