@@ -4,8 +4,9 @@ One run, side by side, per arm (a named set of config overrides for the Serve ap
 (A) online requests alone at a fixed rate, (B) the batch job alone through the app's
 batch door, (C) both at once. The batch job runs as `ray job submit` runs it: a driver
 process of its own on the cluster (a thread of this process would share the load
-generator's interpreter and slow its requests down). Reports online p50/p99 time-to-first-token and tokens/s,
-and batch tokens/s solo vs shared, as ratios to the same arm's A and B. The default arms:
+generator's interpreter and slow its requests down). Reports online p50/p99
+time-to-first-token and tokens/s, and batch tokens/s solo vs shared, as ratios to the
+same arm's A and B. The default arms:
 `priority-only` (batch rows never pause, vLLM's default step budget: priority and the
 batch share only) and `shipped` (the preset as it is: batch rows pause while online
 requests are in flight, a small step budget on the replicas).
@@ -27,8 +28,8 @@ import argparse
 import asyncio
 import gc
 import json
-import random
 import os
+import random
 import statistics
 import subprocess
 import sys

@@ -496,8 +496,8 @@ class AppConfig(StrictModel):
     read_tasks: int = Field(
         2, ge=1, description="Batch jobs: shards read at once (a light task each). Reading is far "
         "faster than generation, so a few keep any pool fed; each one also starts a Python worker, "
-        "and on nodes shared with replicas a job that started a dozen at once stalled online "
-        "requests for seconds."
+        "and on a node shared with replicas a job that let Ray Data start them all at once (up "
+        "to 16 on 4 CPUs) stalled online requests for seconds."
     )
     s3_endpoint_url: str | None = Field(
         None, description="S3 endpoint for a non-AWS store, e.g. http://127.0.0.1:5555."

@@ -5,6 +5,7 @@ process so the test session keeps its own priority."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 CHILD = r"""
 import json, os, threading
@@ -30,7 +31,8 @@ print(json.dumps({"target": target, "before": before, "unchanged": unchanged, "l
 
 
 def test_give_way_lowers_every_thread_and_threads_started_later_inherit_it():
-    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
     got = json.loads(out.stdout)
     assert len(got["before"]) == 2 and max(got["before"]) < got["target"]
     assert got["unchanged"] == 0
