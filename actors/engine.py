@@ -370,7 +370,9 @@ class Engine(EngineLifecycle):
 
     def stats_dict(self) -> dict[str, Any]:
         return {**self.stats.as_dict(), "signals": dict(self.signals), "spec_control": self.spec_control_state(),
-                "num_restarts": self.num_restarts, "num_engine_deaths": self.num_engine_deaths}
+                "num_restarts": self.num_restarts, "num_engine_deaths": self.num_engine_deaths,
+                "num_requests_rerun": self.num_requests_rerun,
+                "num_requests_failed_alone": self.num_requests_failed_alone}
 
     @staticmethod
     def vllm_spec_counters() -> dict[str, Any]:

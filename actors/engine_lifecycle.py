@@ -2,19 +2,23 @@
 without the drafter), and recovery when vLLM's engine core dies.
 
 vLLM's `AsyncLLM` runs its `EngineCore` in a child process. When that process dies (on
-GPUs a CUDA error or the OOM killer; here, a kill), every request in flight fails with
-`EngineDeadError` and the engine never serves again, while the process that holds it
-(a Ray actor, a Serve replica) lives on: Ray would restart neither, and every later row
-would fail. So the host rebuilds its engine in place: a watchdog notices the death within
-`WATCHDOG_INTERVAL_S` (or a failing request does, first), new requests wait at the
-admission gate, the dead engine is shut down and a new one started with the same
-configuration (same drafter state), and each request that failed because of the death
-is run again on the new engine, at most `ENGINE_DEATH_RETRIES` times: a request that
-kills the engine every time ends as an `engine_died` error with its reason, and the
-others go on. Online requests inside vLLM's OpenAI layer at the moment of death get
-its OpenAI error body (HTTP 500, never a hang); the next ones are served by the new
-engine. A rebuild that fails leaves the engine dead: health checks then fail, so Serve
-replaces the replica, and batch rows end as errors with the reason.
+GPUs a CUDA error or the OOM killer; here, a kill, or an input that trips a defect in the
+engine), every request in flight fails with `EngineDeadError` and the engine never serves
+again, while the process that holds it (a Ray actor, a Serve replica) lives on: Ray would
+restart neither, and every later row would fail. So the host rebuilds its engine in
+place: a watchdog notices the death within `WATCHDOG_INTERVAL_S` (or a failing request
+does, first), new requests wait at the admission gate, the dead engine is shut down and a
+new one started with the same configuration (same drafter state).
+
+No request may take the engine down for the others (poison-request isolation): each
+request that was in flight at a death runs again on the new engine, but one at a time
+(`quarantined()`), so that if one of them kills the engine again it is the only
+suspect there. A request present at `ENGINE_DEATH_RETRIES + 1` deaths in a row is failed
+alone (batch: an `engine_died` error row; online: a 500 whose error id is in the log, see
+`serving.engine_retry`), and the others go on. A request that arrives while the engine is
+dead waits for the rebuild instead of failing. A rebuild that fails leaves the engine
+dead: health checks then fail, so Serve replaces the replica, and batch rows end as
+errors with the reason.
 
 The two kinds of restart share one path (`_rebuild`): stop the old engine off the event
 loop, start the new one off it (on a CPU while the old core tears down; on a GPU after,
@@ -34,7 +38,7 @@ from typing import Any, Awaitable, Callable
 
 log = logging.getLogger(__name__)
 
-ENGINE_DEATH_RETRIES = 2  # a request runs at most 1 + this many times when engines die under it
+ENGINE_DEATH_RETRIES = 1  # a request runs at most 1 + this many times when engines die under it
 WATCHDOG_INTERVAL_S = 1.0
 
 
@@ -55,9 +59,11 @@ class EngineLifecycle:
         self.num_restarts = 0  # every rebuild: asked for, or after a death
         self.num_engine_deaths = 0
         self.num_requests_rerun = 0  # tries repeated because the engine died under them
+        self.num_requests_failed_alone = 0  # present at every death of their tries: failed, the others went on
         self.engine_generation = 0  # +1 per rebuild: tells a request which engine it ran on
         self._recovery: asyncio.Task | None = None
         self._rebuilding = asyncio.Lock()  # one rebuild at a time (a death during a restart)
+        self._quarantine = asyncio.Lock()  # requests that were in flight at a death run again one at a time
         self._watchdog: asyncio.Task | None = None
         self.dead_reason: str | None = None  # set when a rebuild after a death failed
         self.closed = False  # set by shutdown(): never rebuild an engine stopped on purpose
@@ -191,6 +197,25 @@ class EngineLifecycle:
             self._recovery = None
             self._admitted.set()
 
+    def died_since(self, generation: int) -> bool:
+        """Has the engine that served `generation` died (or been replaced) since?"""
+        return generation != self.engine_generation or self.dead_reason is not None or self._llm.errored
+
+    @contextlib.asynccontextmanager
+    async def quarantined(self):
+        """A request that was in flight at a death runs again inside this: alone among such
+        requests, so a second death points at it and at nothing else of theirs."""
+        async with self._quarantine:
+            yield
+
+    async def wait_until_serving(self) -> bool:
+        """A request about to start on an engine that has died but is not yet being rebuilt
+        waits for the rebuild (it was not in flight at the death: no strike against it).
+        True when an engine serves."""
+        if self.dead_reason is None and not self.closed and not self.restarting and self._llm.errored:
+            return await self.recover(self.engine_generation)
+        return self.dead_reason is None
+
     async def run_with_recovery(self, request_id: str, attempt: Callable[[], Awaitable[dict[str, Any]]],
                                 error_result: Callable[..., dict[str, Any]]) -> dict[str, Any]:
         """Run `attempt` (one request on the current engine) inside the admission gate;
@@ -198,24 +223,30 @@ class EngineLifecycle:
         ENGINE_DEATH_RETRIES more times. `attempt` raises what the engine raised."""
         self._ensure_watchdog()
         for tries in range(1, ENGINE_DEATH_RETRIES + 2):
-            if self.dead_reason is not None:
-                return error_result(request_id, "engine_dead", self.dead_reason)
-            if self.closed:
-                return error_result(request_id, "engine_closed", "the engine was shut down")
-            async with self.admitted():
-                generation = self.engine_generation
-                try:
-                    return await attempt()
-                except Exception as exc:
-                    if not (is_engine_death(exc) or self._llm.errored):
-                        log.warning("request %s failed in the engine: %r", request_id, exc)
-                        return error_result(request_id, "engine_error", f"{type(exc).__name__}: {exc}")
+            async with self.quarantined() if tries > 1 else contextlib.nullcontext():
+                await self.wait_until_serving()
+                if self.dead_reason is not None:
+                    return error_result(request_id, "engine_dead", self.dead_reason)
+                if self.closed:
+                    return error_result(request_id, "engine_closed", "the engine was shut down")
+                async with self.admitted():
+                    generation = self.engine_generation
+                    try:
+                        return await attempt()
+                    except Exception as exc:
+                        if not (is_engine_death(exc) or self._llm.errored):
+                            log.warning("request %s failed in the engine: %r", request_id, exc)
+                            return error_result(request_id, "engine_error", f"{type(exc).__name__}: {exc}")
             log.warning("request %s: the engine core died under it (try %d of %d)", request_id, tries,
                         ENGINE_DEATH_RETRIES + 1)
             await self.recover(generation)
             self.num_requests_rerun += 1
+        self.num_requests_failed_alone += 1
+        log.error("request %s was in flight at %d engine-core deaths in a row (the last with no other "
+                  "suspect beside it); failed alone, not retried again", request_id, ENGINE_DEATH_RETRIES + 1)
         return error_result(request_id, "engine_died", f"the engine core died under this request "
-                            f"{ENGINE_DEATH_RETRIES + 1} times (it was rebuilt each time); not retried again")
+                            f"{ENGINE_DEATH_RETRIES + 1} times in a row (it was rebuilt each time, and the "
+                            "last time this request ran alone among the suspects); not retried again")
 
     async def check_health(self) -> None:
         """Raises if the engine is dead and could not be rebuilt. A restart or rebuild in

@@ -400,6 +400,12 @@ class ServeConfig(StrictModel):
         1 << 20, ge=1024, description="Largest HTTP request body accepted (413 above it), "
         "with or without Content-Length."
     )
+    engine_recovery_wait_s: float = Field(
+        120.0, gt=0, description="How long an online request that was in flight when its "
+        "replica's engine core died waits for the rebuilt engine before it is answered 503 with "
+        "Retry-After instead (serving/engine_retry.py). A CPU rebuild takes ~10 s; a large "
+        "model's minutes. Longer = fewer 503s, longer worst-case waits."
+    )
     max_n: int = Field(
         128, ge=1, description="Most completions one HTTP request may ask for: n (or best_of "
         "when larger) times the number of prompts; above it the request gets a 400 naming the "

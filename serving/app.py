@@ -7,7 +7,8 @@ usage, OpenAI error bodies, /health, /metrics) bound to our `Engine`, instead of
 door below must reach the very engine that serves HTTP, with its own priority and
 admission limit. We add only what is missing (`serving.middleware`: API key with an
 OpenAI 401 body, request-size limit also for chunked bodies, a cap on n, OpenAI error
-bodies for every /v1 error, replica header; `/ready`; per-replica metrics).
+bodies for every /v1 error, replica header; `/ready`; per-replica metrics) and a request
+that outlives its engine core's death (`serving.engine_retry`).
 
 Batch door: `generate_batch(request)` through a Serve handle, at batch priority (online
 requests keep vLLM's default priority 0, so the engine schedules them first). It admits
@@ -24,6 +25,7 @@ every running batch row makes the step that serves an online request slower.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import os
@@ -32,10 +34,12 @@ from typing import Any
 import ray
 from ray import serve
 
+from actors.engine_lifecycle import ENGINE_DEATH_RETRIES
 from actors.requests import PRIORITY_BATCH
 from configs import AppConfig, load_config, resource_plan
 from serving.autoscale import autoscaling_config, autoscaling_stats
 from serving.batch_gate import BatchGate
+from serving.engine_retry import serve_across_deaths
 from serving.middleware import Guards
 
 log = logging.getLogger(__name__)
@@ -84,8 +88,11 @@ class EngineReplica:
 
         asyncio.get_running_loop().create_task(self._export_metrics())
         api_key = os.environ.get(self.cfg.serve.api_key_env)
+        across_deaths = functools.partial(serve_across_deaths, engine=self.engine, retries=ENGINE_DEATH_RETRIES,
+                                          wait_s=self.cfg.serve.engine_recovery_wait_s)
         return Guards(app, self.cfg.serve.max_request_bytes, api_key, admit=self.engine.admitted,
-                      max_choices=self.cfg.serve.max_n, on_generation=self.batch_gate.online_request)
+                      max_choices=self.cfg.serve.max_n, on_generation=self.batch_gate.online_request,
+                      across_deaths=across_deaths)
 
     async def generate_batch(self, request: dict[str, Any]) -> dict[str, Any]:
         """One batch row. Returns the engine's result dict, or `{"busy": True}` when the

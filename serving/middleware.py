@@ -17,12 +17,15 @@ context manager) wraps every /v1 request, so a request waits while its engine re
 (with or without speculation) and a restart waits for the requests inside to finish.
 `on_generation` (a context manager) wraps every admitted generation request from its
 arrival to its last byte: the replica's batch rows yield while any is in flight.
+`across_deaths` runs each generation request so that it outlives an engine-core death
+(`serving.engine_retry`).
 
 Plain ASGI middleware; knows nothing about engines or Serve.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import os
@@ -38,7 +41,7 @@ def openai_error(status: int, message: str, err_type: str, code: str | int | Non
     ).encode()
 
 
-async def _send_json(send, status: int, body: bytes, extra_headers: list | None = None) -> None:
+async def send_json(send, status: int, body: bytes, extra_headers: list | None = None) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()), *(extra_headers or [])]})
@@ -109,10 +112,13 @@ class Guards:
     """API key and limits on /v1 routes, OpenAI error bodies, replica header."""
 
     def __init__(self, app, max_request_bytes: int, api_key: str | None, admit=None, max_choices: int = 128,
-                 on_generation=None):
+                 on_generation=None, across_deaths=None):
         self.app = app
         self.admit = admit
         self.on_generation = on_generation
+        # (run, scope, body, after, receive, send): a generation request's run that outlives
+        # an engine-core death (serving.engine_retry); None = run it once.
+        self.across_deaths = across_deaths
         self.max_request_bytes = max_request_bytes
         self.max_choices = max_choices
         self.api_key = api_key or None
@@ -124,24 +130,25 @@ class Guards:
         path = scope["path"]
         if not path.startswith("/v1"):
             return await self.app(scope, receive, self._with_header(send))
-        refusal = self._check_headers(scope)
+        refusal, read = self._check_headers(scope), None
         if refusal is None and scope.get("method") in ("POST", "PUT", "PATCH"):
             try:
-                body, after = await read_body(receive, self.max_request_bytes)
+                read = await read_body(receive, self.max_request_bytes)
             except BodyTooLarge as exc:
                 refusal = (413, openai_error(413, f"request body is over {exc.args[0]} bytes (sent without "
                                              f"Content-Length); the limit is {self.max_request_bytes}",
                                              "invalid_request_error"))
             else:
-                refusal = self._check_body(path, body)
-                receive = _replay(body, after, receive)
+                refusal = self._check_body(path, read[0])
         if refusal is not None:
-            return await _send_json(send, *refusal, extra_headers=[self.replica_header])
+            return await send_json(send, *refusal, extra_headers=[self.replica_header])
         send = _openai_errors(self._with_header(send))
-        if self.on_generation is not None and path.endswith(GENERATION_PATHS):
-            with self.on_generation():
-                return await self._admitted(scope, receive, send)
-        return await self._admitted(scope, receive, send)
+        if not path.endswith(GENERATION_PATHS):
+            return await self._admitted(scope, replay_body(*read, receive) if read else receive, send)
+        with self.on_generation() if self.on_generation is not None else contextlib.nullcontext():
+            if self.across_deaths is not None and read is not None:
+                return await self.across_deaths(self._admitted, scope, *read, receive, send)
+            return await self._admitted(scope, replay_body(*read, receive) if read else receive, send)
 
     async def _admitted(self, scope, receive, send):
         if self.admit is not None:
@@ -188,7 +195,7 @@ class Guards:
         return send_with_header
 
 
-def _replay(body: bytes, after: list[dict], receive):
+def replay_body(body: bytes, after: list[dict], receive):
     """A receive() that gives the app the body already read, then what came after."""
     pending = [{"type": "http.request", "body": body, "more_body": False}, *after]
 
