@@ -67,6 +67,7 @@ class HeldResponse:
         self.status = 0
         self.passing = False  # something of this response reached the client
         self.streaming = False
+        self.error_first = False
         self.rewrite_error: Callable[[bytes], bytes | None] | None = None
 
     @property
@@ -86,10 +87,11 @@ class HeldResponse:
             headers = dict(message.get("headers") or [])
             self.streaming = headers.get(b"content-type", b"").startswith(b"text/event-stream")
             return
-        if message["type"] != "http.response.body" or self.status >= 500:
+        if message["type"] != "http.response.body" or self.status >= 500 or self.error_first:
             return
         if self.streaming and message.get("body", b"").startswith(ERROR_EVENT_PREFIX):
-            return  # a stream that starts with an error: held like a 5xx
+            self.error_first = True  # a stream that starts with an error: held like a 5xx
+            return
         await self.flush()
 
     async def flush(self) -> None:
