@@ -1,8 +1,8 @@
 """When vLLM's engine core process dies under the engine (on GPUs: a CUDA error, the OOM
 killer), the host rebuilds its engine and redoes the requests that were in flight:
 nothing is lost, greedy outputs are what they would have been, a request that kills the
-engine every time ends as an error with its reason after a bounded number of tries, and
-a death with nothing in flight is noticed and repaired by itself."""
+engine every time ends alone as an error with its reason after two deaths in a row while
+the others go on, and a death with nothing in flight is noticed and repaired by itself."""
 
 import asyncio
 import logging
@@ -92,8 +92,13 @@ def test_a_death_with_nothing_in_flight_is_repaired_by_the_watchdog(engine, loop
     assert result["ok"] and result["num_output_tokens"] == 8
 
 
-def test_a_request_that_kills_the_engine_every_time_ends_as_an_error_and_others_go_on(engine, loop):
+def test_a_request_that_kills_the_engine_every_time_fails_alone_and_the_others_in_flight_go_on(engine, loop):
+    """A poison request among others: after the first death every request that was in
+    flight runs again, one at a time; the poison kills the engine again while it runs
+    alone, so it is the one failed (two deaths in a row), and every other request
+    finishes with its greedy output unchanged."""
     run = engine._run
+    reference = {r["id"]: r["token_ids"] for r in loop.run(_generate(engine, PROMPTS))}
 
     async def poisoned(req, *args, **kwargs):  # this input takes the engine down, every time
         if req.id == "poison":
@@ -101,14 +106,19 @@ def test_a_request_that_kills_the_engine_every_time_ends_as_an_error_and_others_
         return await run(req, *args, **kwargs)
 
     engine._run = poisoned
-    deaths = engine.num_engine_deaths
+    deaths, failed_alone = engine.num_engine_deaths, engine.num_requests_failed_alone
+    poison_row = {"id": "poison", "prompt": "def g():", "max_tokens": 2000, "ignore_eos": True}
     try:
-        poison = loop.run(engine.generate({"id": "poison", "prompt": "def g():", "max_tokens": 2000,
-                                           "ignore_eos": True}))
+        results = loop.run(_generate(engine, [*PROMPTS, poison_row]))
     finally:
         del engine._run
+    by_id = {r["id"]: r for r in results}
+    poison = by_id.pop("poison")
     assert not poison["ok"] and poison["error"]["reason"] == "engine_died", poison
+    assert [r["error"] for r in by_id.values() if not r["ok"]] == []
+    assert {i: r["token_ids"] for i, r in by_id.items()} == reference
     assert engine.num_engine_deaths == deaths + ENGINE_DEATH_RETRIES + 1
+    assert engine.num_requests_failed_alone == failed_alone + 1
     healthy = loop.run(engine.generate({"id": "next", "prompt": "def h():", "max_tokens": 8}))
     assert healthy["ok"] and healthy["num_output_tokens"] == 8
 

@@ -1,5 +1,6 @@
 """The online door (Ray Serve, OpenAI-compatible) and the batch door on the same replicas."""
 
+import asyncio
 import json
 import os
 import threading
@@ -303,10 +304,11 @@ def test_replica_restarts_its_engine_without_the_drafter_and_back_while_online_r
     client.completions.create(model="tiny", prompt="def again(x):", max_tokens=8)
 
 
-def test_a_dead_engine_core_is_rebuilt_and_online_requests_fail_cleanly_then_succeed(app_url, client):
-    """The replica's engine-core process dies (on GPUs: a CUDA error, the OOM killer): the
-    request inside gets an OpenAI 5xx body, not a hang; the engine is rebuilt in place and
-    the next requests are served."""
+def test_a_dead_engine_core_is_rebuilt_and_the_request_inside_is_answered_by_the_new_engine(app_url, client):
+    """The replica's engine-core process dies (on GPUs: a CUDA error, the OOM killer) under
+    an online request: the engine is rebuilt in place and the request runs again on it, so
+    its client gets an ordinary 200 (no 500 with vLLM's internal message); /health is 200
+    again once the engine is back."""
     import psutil
 
     handle = serve.get_app_handle("peagle")
@@ -317,7 +319,7 @@ def test_a_dead_engine_core_is_rebuilt_and_online_requests_fail_cleanly_then_suc
 
     def long_request() -> None:
         try:
-            outcome["ok"] = client.completions.create(model="tiny", prompt="def f(x):", max_tokens=1500,
+            outcome["ok"] = client.completions.create(model="tiny", prompt="def f(x):", max_tokens=600,
                                                       extra_body=FULL_LENGTH)
         except openai.APIStatusError as exc:
             outcome["error"] = exc
@@ -329,21 +331,35 @@ def test_a_dead_engine_core_is_rebuilt_and_online_requests_fail_cleanly_then_suc
              "the long request running", errors)
     for p in cores:
         p.kill()
-    caller.join(timeout=180)
-    assert not caller.is_alive() and "error" in outcome, outcome  # answered, and not as a success
-    assert outcome["error"].status_code >= 500 and outcome["error"].body["message"], outcome["error"].body
-
-    served: list = []
-
-    def next_request_served() -> bool:
-        try:  # one sent before the death is noticed fails like the long one; then they wait and succeed
-            served.append(client.completions.create(model="tiny", prompt="def g(x):", max_tokens=4,
-                                                    extra_body=FULL_LENGTH))
-        except openai.APIStatusError as exc:
-            assert exc.status_code >= 500 and exc.body["message"], exc.body
-        return bool(served)
-
-    wait_for(next_request_served, "a request served by the rebuilt engine", errors)
+    caller.join(timeout=240)
+    assert not caller.is_alive() and "ok" in outcome, outcome
+    assert outcome["ok"].usage.completion_tokens == 600
     after = handle.stats.remote().result()
     assert after["num_engine_deaths"] == before["num_engine_deaths"] + 1
-    assert served[0].usage.completion_tokens == 4
+    assert after["num_requests_failed_alone"] == before["num_requests_failed_alone"]
+    assert httpx.get(f"{app_url}/health", timeout=60).status_code == 200
+
+
+def test_seeded_sampling_under_concurrent_load_keeps_every_request_and_the_engine_up(app_url):
+    """The black-box load that used to kill the engine core: 64 concurrent requests, every
+    fifth with `temperature` and `seed` (on this replica's 128-token step budget, prompts
+    are prefilled in chunks). Every request is answered 200, no engine core dies, /health
+    stays 200. (Same seed, same text: tests/integration/test_seeded_sampling.py, at a fixed
+    K; this replica's controller changes K with the load.)"""
+    handle = serve.get_app_handle("peagle")
+    deaths = handle.stats.remote().result()["num_engine_deaths"]
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+
+    def body(i: int) -> dict:
+        base = {"model": "tiny", "prompt": prompt * (1 + i % 3), "max_tokens": 24}
+        return {**base, "temperature": 0.7, "seed": i} if i % 5 == 0 else base
+
+    async def load() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=app_url, headers=headers, timeout=300) as http:
+            return await asyncio.gather(*(http.post("/v1/completions", json=body(i)) for i in range(64)))
+
+    responses = asyncio.run(load())
+    assert [r.status_code for r in responses].count(200) == 64, [r.text[:200] for r in responses if r.status_code != 200]
+    assert handle.stats.remote().result()["num_engine_deaths"] == deaths
+    assert httpx.get(f"{app_url}/health", timeout=60).status_code == 200
