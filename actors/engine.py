@@ -231,7 +231,8 @@ class Engine(EngineLifecycle):
             if not paused or len(token_ids) >= params.max_tokens:
                 break
             num_pauses += 1
-            await pause.resume()
+            async with self.stepped_out():  # a restart asked for meanwhile need not wait for this row
+                await pause.resume()
         finish_reason = completion.finish_reason if completion is not None and not paused else "length"
         if num_pauses == 0:
             text = completion.text

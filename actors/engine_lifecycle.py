@@ -96,6 +96,22 @@ class EngineLifecycle:
         finally:
             self.num_active -= 1
 
+    @contextlib.asynccontextmanager
+    async def stepped_out(self):
+        """A request inside `admitted()` that holds nothing in the engine for a while (a
+        batch row paused for online traffic keeps its tokens on our side) is not counted
+        by a restart's drain meanwhile: online requests waiting at the closed gate keep
+        such a row paused, so a drain that counted it would wait for its timeout. The row
+        counts again once the engine admits (after the restart, on the new engine)."""
+        self.num_active -= 1
+        try:
+            yield
+        finally:
+            try:
+                await self._admitted.wait()
+            finally:
+                self.num_active += 1
+
     # -- restarts ----------------------------------------------------------------------
 
     async def restart_engine(self, speculating: bool, drain_timeout_s: float = 600.0) -> float:
