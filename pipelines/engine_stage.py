@@ -173,15 +173,17 @@ class EngineReports:
                 if data.get("spec_control")}
 
     def engine_events(self) -> dict[str, Any]:
-        """Engines seen, the nodes they ran on (engines per node id), and their rebuilds:
-        after a dead engine core, and in all."""
+        """Engines seen, the nodes they ran on (engines per node id), their rebuilds (after
+        a dead engine core, and in all), and the rows failed alone as the cause of deaths."""
         nodes: dict[str, int] = {}
         for data in self.per_engine.values():
             node = data.get("node_id") or "unknown"
             nodes[node] = nodes.get(node, 0) + 1
         return {"num_engines": len(self.per_engine), "engines_by_node": dict(sorted(nodes.items())),
                 "num_engine_deaths": sum(d.get("num_engine_deaths", 0) for d in self.per_engine.values()),
-                "num_restarts": sum(d.get("num_restarts", 0) for d in self.per_engine.values())}
+                "num_restarts": sum(d.get("num_restarts", 0) for d in self.per_engine.values()),
+                "num_requests_failed_alone": sum(d.get("num_requests_failed_alone", 0)
+                                                 for d in self.per_engine.values())}
 
     def spec_stats(self) -> SpecDecodeStats:
         """The engines' speculative-decoding counters, summed."""

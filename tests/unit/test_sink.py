@@ -43,11 +43,11 @@ def test_shard_commits_once_all_rows_arrive_out_of_order(tmp_path):
 def test_engine_counters_total_over_engines_as_last_reported():
     stats = {"num_drafts": 4, "num_accepted_tokens": 6, "num_accepted_tokens_per_pos": [3, 2, 1]}
     reports = EngineReports({"e1": {**stats, "node_id": "n1"}, "e2": {**stats, "num_restarts": 1, "node_id": "n1"},
-                             "e3": stats})
+                             "e3": {**stats, "num_engine_deaths": 2, "num_requests_failed_alone": 1}})
     assert reports.spec_stats().mean_acceptance_length == pytest.approx(2.5)
     assert reports.spec_stats().num_drafts == 12
     assert reports.engine_events() == {"num_engines": 3, "engines_by_node": {"n1": 2, "unknown": 1},
-                                       "num_engine_deaths": 0, "num_restarts": 1}
+                                       "num_engine_deaths": 2, "num_restarts": 1, "num_requests_failed_alone": 1}
 
 
 def test_custom_id_committed_earlier_becomes_duplicate_error(tmp_path):
