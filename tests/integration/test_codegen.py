@@ -149,6 +149,35 @@ def test_malformed_lines_end_in_errors_with_reasons_and_counts_reconcile(s3, buc
     assert s3.filesystem().cat_file(f"{bucket}/mixed/out/_report_errors.png")[:4] == b"\x89PNG"
 
 
+def test_fuzzed_rows_end_ok_or_as_documented_errors_and_no_engine_dies(s3, bucket, ray_local, tiny_models):
+    """Random but seeded rows over every sampling field the batch door takes (seed,
+    temperature up to 2, top_p, stop, max_tokens), one in ten broken on purpose: every
+    valid row is a result, every broken one an error row with its reason, the counts
+    reconcile, and no engine core dies."""
+    import random
+
+    from fuzz_requests import batch_row
+
+    rng = random.Random(37)
+    rows = [batch_row(rng, i) for i in range(48)]
+    lines = []
+    for fuzzed in rows:
+        row = {k: v for k, v in fuzzed.body.items() if k != "ignore_eos"}  # a job's rows do not take it
+        lines.append(json.dumps(row))
+    fs = s3.filesystem()
+    for shard in range(2):
+        fs.pipe_file(f"{bucket}/fuzz/in/part-{shard}.jsonl", ("\n".join(lines[shard::2]) + "\n").encode())
+    summary = run_codegen(_cfg(s3, f"{bucket}/fuzz/in", f"{bucket}/fuzz/out"))
+    results = {r["custom_id"]: r for r in _outputs(s3, f"{bucket}/fuzz/out", "results")}
+    errors = {e["custom_id"]: e["error"]["code"] for e in _outputs(s3, f"{bucket}/fuzz/out", "errors")}
+    valid = {f.body["id"] for f in rows if f.invalid is None}
+    assert set(results) == valid, {i: errors.get(i) for i in valid - set(results)}
+    assert set(errors) == {f.body["id"] for f in rows if f.invalid is not None}
+    assert set(errors.values()) <= {"invalid_request", "missing_field"}, errors
+    assert summary["rows_in"] == len(rows) == summary["rows_ok"] + summary["rows_error"]
+    assert summary["engines"]["num_engine_deaths"] == 0
+
+
 def test_n_samples_per_prompt_each_committed_once_under_its_own_id(s3, bucket, ray_local, tiny_models):
     lines = [json.dumps({"id": f"t{i}", "prompt": f"def f{i}(x):", "max_tokens": 8}) for i in range(3)]
     lines.append(json.dumps({"custom_id": "own", "url": "/v1/completions",  # the row's n wins over sampling.n
