@@ -1,5 +1,5 @@
 """Random sampling (temperature > 0, with or without `seed`) on vLLM 0.32's CPU backend:
-two defects fixed inside the engine core.
+three defects fixed inside the engine core.
 
 1. **A seeded request under load killed the engine core.** When a step schedules only
    part of a request's prompt (chunked prefill: the step's token budget is full), vLLM
@@ -27,7 +27,15 @@ two defects fixed inside the engine core.
    Here the stand-in is replaced by `expand_to_tokens` (torch, any dtype), registered
    through the platform's kernel overrides the same way as `actors.synthetic_rejection`'s.
 
-Both through a vLLM general plugin (entry point `vllm.general_plugins`): vLLM loads
+3. **`top_k` with temperature > 0 under speculation killed the engine core.** With a
+   speculative config every step goes through the rejection sampler, also a step with no
+   draft token (every prefill step), whose target logits then have no row. Without Triton
+   the top-k mask falls back to `topk_topp_sampler.apply_top_k_only`, whose `k.max()` on
+   an empty tensor raises. Here that function returns empty logits as they are
+   (`top_k_of_nothing`); it is looked up at call time, so replacing the module's attribute
+   suffices. (Found by the fuzz run, tests/integration/test_fuzz.py.)
+
+All through a vLLM general plugin (entry point `vllm.general_plugins`): vLLM loads
 general plugins in a worker before the platform registers its kernel overrides. GPU
 runners and kernels are untouched. The real-engine tests are
 tests/integration/test_seeded_sampling.py (same seed, same text, with and without
@@ -54,6 +62,15 @@ def expand_to_tokens(output: torch.Tensor, input_val: torch.Tensor, cu_num_token
     counts = torch.diff(cu, prepend=cu.new_zeros(1))
     values = torch.where(input_val == replace_from, torch.as_tensor(replace_to, dtype=input_val.dtype), input_val)
     output[:int(cu[-1])] = torch.repeat_interleave(values, counts).to(output.dtype)
+
+
+def top_k_of_nothing(original):
+    def apply_top_k_only(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        if logits.shape[0] == 0:  # a step with no draft token: nothing to mask
+            return logits
+        return original(logits, k)
+    setattr(apply_top_k_only, _PATCHED, True)
+    return apply_top_k_only
 
 
 def discarded_generators(runner: Any) -> dict[int, Any]:
@@ -94,13 +111,15 @@ def _bookkeeping_sync(original):
 
 def install() -> None:
     """vLLM general-plugin entry point: on the CPU platform, wrap the CPU model runner's
-    `_sample` and `_bookkeeping_sync`, and replace the CPU expand kernel. Safe to call
-    many times and in any vLLM process; does nothing on other platforms."""
+    `_sample` and `_bookkeeping_sync`, replace the CPU expand kernel, and let the top-k
+    mask take no rows. Safe to call many times and in any vLLM process; does nothing on
+    other platforms."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return
     from vllm.utils import cpu_triton_utils as cpu_tl
+    from vllm.v1.sample.ops import topk_topp_sampler
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
     for name, wrap in (("_sample", _sample), ("_bookkeeping_sync", _bookkeeping_sync)):
@@ -108,3 +127,5 @@ def install() -> None:
         if not getattr(original, _PATCHED, False):
             setattr(CPUModelRunner, name, wrap(original))
     cpu_tl._expand_kernel_impl = expand_to_tokens
+    if not getattr(topk_topp_sampler.apply_top_k_only, _PATCHED, False):
+        topk_topp_sampler.apply_top_k_only = top_k_of_nothing(topk_topp_sampler.apply_top_k_only)

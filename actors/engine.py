@@ -174,6 +174,7 @@ class Engine(EngineLifecycle):
 
     def _sampling_params(self, req: GenerationRequest, num_prompt_tokens: int):
         from vllm import SamplingParams
+        from vllm.exceptions import VLLMValidationError
 
         values = resolved_sampling(req, self.defaults)
         room = self.max_model_len - num_prompt_tokens
@@ -187,7 +188,7 @@ class Engine(EngineLifecycle):
         values["max_tokens"] = min(values["max_tokens"], room)
         try:
             return SamplingParams(**values)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, VLLMValidationError) as exc:  # vLLM's is neither of the first two
             raise RequestError(f"invalid sampling values {values!r}: {exc}") from exc
 
     # -- serving -----------------------------------------------------------------------

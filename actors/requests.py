@@ -41,7 +41,8 @@ class GenerationRequest(BaseModel):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     stop: list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1, description="Seeded sampling; a 64-bit "
+                             "signed integer, as vLLM's OpenAI layer takes it.")
     ignore_eos: bool = Field(
         False, description="Keep generating past the end-of-sequence token until max_tokens "
         "(profiling and benchmarks that need a fixed output length; not for real work).")

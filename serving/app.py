@@ -88,11 +88,7 @@ class EngineReplica:
 
         asyncio.get_running_loop().create_task(self._export_metrics())
         api_key = os.environ.get(self.cfg.serve.api_key_env)
-        across_deaths = functools.partial(serve_across_deaths, engine=self.engine, retries=ENGINE_DEATH_RETRIES,
-                                          wait_s=self.cfg.serve.engine_recovery_wait_s)
-        return Guards(app, self.cfg.serve.max_request_bytes, api_key, admit=self.engine.admitted,
-                      max_choices=self.cfg.serve.max_n, on_generation=self.batch_gate.online_request,
-                      across_deaths=across_deaths)
+        return guarded(app, self.engine, self.cfg, api_key, on_generation=self.batch_gate.online_request)
 
     async def generate_batch(self, request: dict[str, Any]) -> dict[str, Any]:
         """One batch row. Returns the engine's result dict, or `{"busy": True}` when the
@@ -165,6 +161,16 @@ class EngineReplica:
             except Exception:  # metrics must never take the replica down
                 log.exception("metrics export failed")
             await asyncio.sleep(METRICS_EVERY_S)
+
+
+def guarded(app, engine, cfg: AppConfig, api_key: str | None, on_generation=None) -> Guards:
+    """vLLM's OpenAI `app` for `engine` behind the door's guards, as a replica serves it:
+    key, limits and OpenAI error bodies, the admission gate, requests that outlive an
+    engine-core death (`serving.engine_retry`)."""
+    across_deaths = functools.partial(serve_across_deaths, engine=engine, retries=ENGINE_DEATH_RETRIES,
+                                      wait_s=cfg.serve.engine_recovery_wait_s)
+    return Guards(app, cfg.serve.max_request_bytes, api_key, admit=engine.admitted, max_choices=cfg.serve.max_n,
+                  on_generation=on_generation, across_deaths=across_deaths)
 
 
 def speculation_brief(cfg: AppConfig, control: dict[str, Any] | None) -> dict[str, Any]:

@@ -18,7 +18,10 @@ can be:
 - if the rebuild does not finish within `serve.engine_recovery_wait_s`, or fails, the
   answer is 503 with `Retry-After` (Serve replaces a replica whose rebuild failed);
 - a stream whose tokens had already been sent when the engine died cannot be taken
-  back: its error event is rewritten to say what happened, with an error id.
+  back: its error event is rewritten to say what happened, with an error id;
+- a stream refused before its first token (vLLM checks a streamed request's values only
+  once the stream has begun, so the refusal came as an error event inside a 200) is
+  answered with that 4xx and its OpenAI error body, as without `stream`.
 
 vLLM's OpenAI layer has no hook for this, and `ray.serve.llm` restarts the whole
 replica instead of the engine inside it, losing every request in flight; hence ours.
@@ -100,6 +103,28 @@ class HeldResponse:
         for message in held:
             await self._send(message)
 
+    async def finish(self) -> None:
+        """Send what was held. A stream refused before its first token (its first event an
+        error with a 4xx code) goes out as that 4xx with the error body, as the same request
+        without `stream` does: vLLM checks a streamed request's values only once its stream
+        has begun, after the 200 is on its way."""
+        refusal = self._refusal() if self.error_first else None
+        if refusal is None:
+            return await self.flush()
+        self.passing, self._held = True, []
+        await send_json(self._send, *refusal)
+
+    def _refusal(self) -> tuple[int, bytes] | None:
+        first = next((m.get("body", b"") for m in self._held if m["type"] == "http.response.body"), b"")
+        try:
+            error = json.loads(first[len(b"data: "):].split(b"\n\n", 1)[0])["error"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        code = error.get("code") if isinstance(error, dict) else None
+        if not isinstance(code, int) or not 400 <= code < 500:
+            return None
+        return code, json.dumps({"error": error}).encode()
+
 
 async def serve_across_deaths(run: Callable[..., Awaitable[None]], scope, body: bytes, after: list[dict], receive,
                               send, *, engine: EngineDeaths, wait_s: float, retries: int) -> None:
@@ -117,7 +142,7 @@ async def serve_across_deaths(run: Callable[..., Awaitable[None]], scope, body: 
             held.rewrite_error = lambda chunk, g=generation: _stream_error(chunk, engine, g, path)
             await run(scope, replay_body(body, after, receive), held.send)
             if not (held.failed and engine.died_since(generation)):
-                return await held.flush()
+                return await held.finish()
         log.warning("online request %s: the engine core died under it before it answered (try %d of %d)",
                     path, tries, retries + 1)
         if not await _within(engine.recover(generation), wait_s):

@@ -41,7 +41,7 @@ CHAT_QUESTIONS = [
     "Give me a list comprehension for squares.",
 ]
 STOPS = ["\n", "def", "return", ":", "  ", "```", "(", "x"]
-TEMPERATURES = [0.0, 0.05, 0.7, 1.0, 1.5, 2.0]
+TEMPERATURES = [0.0, 0.01, 0.7, 1.0, 1.5, 2.0]
 TOP_PS = [0.1, 0.5, 0.9, 1.0]
 TOP_KS = [-1, 1, 5, 50]
 MIN_PS = [0.0, 0.05, 0.2]
@@ -54,6 +54,8 @@ JSON_SCHEMA = {
     },
 }
 CHOICES = ["yes", "no", "maybe"]
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+EDGE_SEEDS = [0, -1, INT64_MAX, INT64_MIN]  # the OpenAI layer's own bounds on seed
 REGEX = "[a-z]{1,6}( [0-9]{1,3})?"
 
 
@@ -67,6 +69,10 @@ def _maybe(rng: random.Random, p: float) -> bool:
     return rng.random() < p
 
 
+def _seed(rng: random.Random) -> int:
+    return rng.choice(EDGE_SEEDS) if _maybe(rng, 0.15) else rng.randrange(0, 2**31)
+
+
 def _penalty(rng: random.Random) -> float:
     return round(rng.uniform(-2.0, 2.0), 2)
 
@@ -74,7 +80,7 @@ def _penalty(rng: random.Random) -> float:
 def _sampling(rng: random.Random, body: dict[str, Any], vocab_size: int) -> None:
     """The sampling fields both OpenAI routes share, each present about half the time."""
     if _maybe(rng, 0.5):
-        body["seed"] = rng.randrange(0, 2**31)
+        body["seed"] = _seed(rng)
     if _maybe(rng, 0.8):
         body["temperature"] = rng.choice(TEMPERATURES)
     if _maybe(rng, 0.4):
@@ -193,12 +199,12 @@ def batch_row(rng: random.Random, i: int) -> Fuzzed:
     if _maybe(rng, 0.4):
         row["stop"] = rng.choice(STOPS) if _maybe(rng, 0.5) else rng.sample(STOPS, rng.randint(1, 3))
     if _maybe(rng, 0.5):
-        row["seed"] = rng.randrange(0, 2**31)
+        row["seed"] = _seed(rng)
     if _maybe(rng, 0.3):
         row["ignore_eos"] = rng.choice([True, False])
     if not _maybe(rng, INVALID_SHARE):
         return Fuzzed(None, row, None)
-    how = rng.choice(["temperature", "top_p", "max_tokens", "stop", "prompt", "unknown_field"])
+    how = rng.choice(["temperature", "top_p", "max_tokens", "stop", "seed", "prompt", "unknown_field"])
     if how == "temperature":
         row["temperature"] = rng.choice([-1.0, 2.5])
     elif how == "top_p":
@@ -207,6 +213,8 @@ def batch_row(rng: random.Random, i: int) -> Fuzzed:
         row["max_tokens"] = 0
     elif how == "stop":
         row["stop"] = [""]  # vLLM's SamplingParams refuses an empty stop string
+    elif how == "seed":
+        row["seed"] = rng.choice([2**64, INT64_MIN - 1])  # wider than the 64 bits the engine core carries
     elif how == "prompt":
         del row["prompt"]
     else:

@@ -6,7 +6,7 @@ copy and left the real output uninitialised (sampled verification on NaN)."""
 import pytest
 import torch
 
-from actors.cpu_sampling import expand_to_tokens
+from actors.cpu_sampling import expand_to_tokens, top_k_of_nothing
 
 pytestmark = pytest.mark.unit
 
@@ -33,3 +33,14 @@ def test_slots_past_the_last_request_are_left_alone():
     out = torch.full((5,), -1.0)
     expand_to_tokens(out, torch.tensor([2.0]), torch.tensor([3], dtype=torch.int32), 0, 0)
     assert out.tolist() == [2.0, 2.0, 2.0, -1.0, -1.0]
+
+
+def test_the_top_k_mask_of_a_step_with_no_draft_token_is_empty_not_an_error():
+    def vllm_top_k(logits, k):  # what vLLM's CPU fallback does first: k.max() of nothing raises
+        k.max()
+        return logits[:, :1]
+
+    guarded = top_k_of_nothing(vllm_top_k)
+    empty = torch.empty((0, 4096))
+    assert guarded(empty, torch.empty((0,), dtype=torch.int32)) is empty
+    assert guarded(torch.zeros((2, 8)), torch.tensor([3, 5])).shape == (2, 1)  # rows: vLLM's own

@@ -78,6 +78,13 @@ def build(engine: StandInEngine, wait_s: float = 30.0):
                     yield "data: [DONE]\n\n"
                 return StreamingResponse(error_stream(), media_type="text/event-stream")
             return JSONResponse(VLLM_DEAD, status_code=500)
+        if body.get("stream") and body.get("logit_bias"):  # refused only once the stream has begun, as vLLM does
+            async def refusal():
+                error = {"message": "logit_bias is not yet supported with speculative decoding",
+                         "type": "BadRequestError", "param": None, "code": 400}
+                yield f"data: {json.dumps({'error': error})}\n\n"
+                yield "data: [DONE]\n\n"
+            return StreamingResponse(refusal(), media_type="text/event-stream")
         if body.get("stream"):
             async def tokens():
                 yield 'data: {"choices": [{"text": "ok"}]}\n\n'
@@ -147,3 +154,11 @@ def test_an_ordinary_error_is_passed_through_unchanged_and_not_retried():
     response = asyncio.run(go())
     assert response.status_code == 404 and "not found" in response.json()["error"]["message"]
     assert engine.runs == []
+
+
+def test_a_stream_refused_before_its_first_token_is_answered_with_that_4xx_not_a_200():
+    engine = StandInEngine(kill_on=[])
+    response = post(build(engine), {"prompt": "x", "stream": True, "logit_bias": {"5": 1}})
+    assert response.status_code == 400
+    assert "logit_bias" in response.json()["error"]["message"]
+    assert engine.runs == [0]  # refused, not retried
