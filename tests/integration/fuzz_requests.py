@@ -87,7 +87,7 @@ def _sampling(rng: random.Random, body: dict[str, Any], vocab_size: int) -> None
         body["top_p"] = rng.choice(TOP_PS)
     if _maybe(rng, 0.4):
         body["top_k"] = rng.choice(TOP_KS)
-    if _maybe(rng, 0.25):
+    if _maybe(rng, 0.1):  # refused on a speculating engine: rare, so the other fields get the requests
         body["min_p"] = rng.choice(MIN_PS)
     if _maybe(rng, 0.35):
         body["n"] = rng.choice([1, 1, 2, 3])
@@ -99,7 +99,7 @@ def _sampling(rng: random.Random, body: dict[str, Any], vocab_size: int) -> None
         body["frequency_penalty"] = _penalty(rng)
     if _maybe(rng, 0.3):
         body["repetition_penalty"] = round(rng.uniform(0.5, 2.0), 2)
-    if _maybe(rng, 0.25):
+    if _maybe(rng, 0.1):  # refused on a speculating engine, as min_p
         ids = rng.sample(range(NUM_SPECIAL_TOKENS, vocab_size), rng.randint(1, 3))
         body["logit_bias"] = {str(i): rng.choice([-100, -5.5, 0, 3, 100]) for i in ids}
     if _maybe(rng, 0.3):

@@ -363,3 +363,35 @@ def test_seeded_sampling_under_concurrent_load_keeps_every_request_and_the_engin
     assert [r.status_code for r in responses].count(200) == 64, [r.text[:200] for r in responses if r.status_code != 200]
     assert handle.stats.remote().result()["num_engine_deaths"] == deaths
     assert httpx.get(f"{app_url}/health", timeout=60).status_code == 200
+
+
+def test_fuzzed_requests_through_the_serve_app_get_answers_or_documented_4xx_and_no_engine_dies(app_url):
+    """Seeded random combinations of every sampling field the door accepts (one in ten
+    broken on purpose), through Serve's proxy at concurrency 8: every answer is a 200 or a
+    documented 4xx with an OpenAI error body (fuzz_answers.py), and no engine core dies.
+    The in-process run over all speculation methods is tests/integration/test_fuzz.py."""
+    import random
+
+    from fuzz_answers import send_http
+    from fuzz_requests import chat_request, completion_request
+
+    handle = serve.get_app_handle("peagle")
+    deaths = handle.stats.remote().result()["num_engine_deaths"]
+    rng = random.Random(3700)
+    cases = [completion_request(rng, "tiny", 4096) if rng.random() < 0.5 else chat_request(rng, "tiny", 4096)
+             for _ in range(32)]
+
+    async def run() -> list[tuple[str, list[str]]]:
+        gate = asyncio.Semaphore(8)
+        async with httpx.AsyncClient(base_url=app_url, headers={"Authorization": f"Bearer {API_KEY}"},
+                                     timeout=120) as http:
+            async def one(case):
+                async with gate:
+                    return await send_http(http, "peagle", case)
+            return await asyncio.gather(*(one(c) for c in cases))
+
+    outcomes = asyncio.run(run())
+    problems = [f"{json.dumps(c.body)} -> {p}" for c, (_, ps) in zip(cases, outcomes) for p in ps]
+    assert problems == []
+    assert len(outcomes) == len(cases)
+    assert handle.stats.remote().result()["num_engine_deaths"] == deaths
