@@ -37,9 +37,10 @@ three defects fixed inside the engine core.
 
 All through a vLLM general plugin (entry point `vllm.general_plugins`): vLLM loads
 general plugins in a worker before the platform registers its kernel overrides. GPU
-runners and kernels are untouched. The real-engine tests are
+runners and kernels are untouched. The real-engine tests are in
 tests/integration/test_seeded_sampling.py (same seed, same text, with and without
-speculation, under chunked prefill) and test_speculative_sampling_distribution.py.
+speculation, under chunked prefill; sampled tokens' frequencies with and without
+P-EAGLE) and tests/integration/test_fuzz.py.
 """
 
 from __future__ import annotations

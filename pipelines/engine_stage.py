@@ -179,11 +179,9 @@ class EngineReports:
         for data in self.per_engine.values():
             node = data.get("node_id") or "unknown"
             nodes[node] = nodes.get(node, 0) + 1
-        return {"num_engines": len(self.per_engine), "engines_by_node": dict(sorted(nodes.items())),
-                "num_engine_deaths": sum(d.get("num_engine_deaths", 0) for d in self.per_engine.values()),
-                "num_restarts": sum(d.get("num_restarts", 0) for d in self.per_engine.values()),
-                "num_requests_failed_alone": sum(d.get("num_requests_failed_alone", 0)
-                                                 for d in self.per_engine.values())}
+        counts = {key: sum(d.get(key, 0) for d in self.per_engine.values())
+                  for key in ("num_engine_deaths", "num_restarts", "num_requests_failed_alone")}
+        return {"num_engines": len(self.per_engine), "engines_by_node": dict(sorted(nodes.items())), **counts}
 
     def spec_stats(self) -> SpecDecodeStats:
         """The engines' speculative-decoding counters, summed."""
