@@ -18,9 +18,10 @@ their KV cache, and nothing is dropped or resubmitted. Which K values a table ma
 * the engine must have been started with a table (the scheduler only consults a lookup
   that exists, and vLLM pads differently without one);
 * no K above the start-up `num_speculative_tokens` (KV lookahead slots were reserved for it);
-* P-EAGLE (parallel drafting): only 0 and K_max. vLLM 0.32 sizes the parallel draft
-  slots from the start-up K; a smaller per-step K crashes the engine or silently mixes
-  up drafts between requests (upstream #45695; the test keeps checking it);
+* P-EAGLE (parallel drafting): every K in 0..K_max with `actors.any_k` loaded (the
+  project's plugin that lays the draft pass out per step); without it only 0 and K_max,
+  since vLLM 0.32 sizes the parallel draft slots from the start-up K and a smaller step K
+  crashes the engine or mixes up drafts between requests (upstream #45695);
 * with CUDA graphs, only K values the start-up table already contains (graphs were
   captured for those decode shapes only). Eager engines (CPU, `enforce_eager`) accept
   every K in 0..K_max otherwise.
@@ -39,10 +40,10 @@ GET_METHOD = "peagle_get_spec_schedule"
 
 
 def allowed_values(startup_dense: Sequence[int], max_k: int, graphs_captured: bool,
-                   parallel_drafting: bool) -> list[int]:
+                   parallel_drafting: bool, any_k_installed: bool = True) -> list[int]:
     """K values a live table may use; the same rule as `configs.vllm_args.live_k_values`,
     read from the engine's actual settings."""
-    if parallel_drafting:
+    if parallel_drafting and not any_k_installed:
         return [0, max_k]
     if graphs_captured:
         return sorted({0, max_k, *(int(k) for k in startup_dense)})
@@ -63,6 +64,8 @@ def _graphs_captured(vllm_config: Any) -> bool:
 def _set_spec_schedule(core: Any, schedule: list[list[int]]) -> dict[str, Any]:
     from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
+    from actors import any_k
+
     sched = core.scheduler
     max_k = getattr(sched, "num_spec_tokens", 0)
     if not max_k:
@@ -75,11 +78,11 @@ def _set_spec_schedule(core: Any, schedule: list[list[int]]) -> dict[str, Any]:
     if not hasattr(core, "_peagle_allowed_k"):
         core._peagle_allowed_k = allowed_values(
             sched.dynamic_sd_lookup[1:], max_k, _graphs_captured(core.vllm_config),
-            bool(core.vllm_config.speculative_config.parallel_drafting))
+            bool(core.vllm_config.speculative_config.parallel_drafting), any_k.installed())
     bad = sorted({int(r[2]) for r in schedule} - set(core._peagle_allowed_k))
     if bad:
         raise ValueError(f"K={bad} cannot run on this engine; allowed K values are {core._peagle_allowed_k} "
-                         "(P-EAGLE: 0 or the start-up K; with CUDA graphs: the start-up table's K values)")
+                         "(none above the start-up K; with CUDA graphs: the start-up table's K values)")
     max_num_seqs = sched.scheduler_config.max_num_seqs
     dense = build_dynamic_sd_schedule_lookup(
         [list(r) for r in schedule], vllm_max_batch_size=max_num_seqs, vllm_num_speculative_tokens=max_k)

@@ -10,9 +10,10 @@ probe starts or ends) puts the new one in force on the live engine with
 
 What it reports (`state()`): the K at the current batch size, the table, the reason of
 the latest decision, the recent changes with their reasons, the capacity the replica
-predicts at the latency target (what the Serve autoscaler reads), and, once drafting is
-off at every batch size, advice to run a replica without speculation (a K=0 table does
-not remove the drafter's pass). Each change is logged.
+predicts at the latency target for the engine it runs (what the Serve autoscaler reads:
+the decided table's, or after a restart without the drafter a plain engine's, K=0 at
+every batch size), and, once drafting is off at every batch size, advice to run a replica
+without speculation (a K=0 table does not remove the drafter's pass). Each change is logged.
 
 Each engine runs its own controller: acceptance is learned per engine from its own
 traffic, and no cross-actor round trip sits in the control path. Knows nothing about
@@ -32,6 +33,7 @@ from configs.schema import EngineConfig, SpecControllerConfig
 
 if TYPE_CHECKING:
     from actors.engine import Engine
+    from control.capacity import ReplicaCapacity
     from control.policy import ControllerConfig, Decision
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,27 @@ def startup_schedule(engine: EngineConfig) -> list[list[int]]:
     from control.policy import initial_state
 
     return _table_rows(initial_state(controller_config(engine)).k_by_batch)
+
+
+def plain_engine_capacity(config: "ControllerConfig", base_factor: float, plain_factor: float,
+                          context_tokens_per_req: float) -> "ReplicaCapacity":
+    """What an engine started without the drafter serves at the latency target: K=0 at
+    every batch size, each step the calibration's plain step (`plain_step_time_s`: no
+    drafter pass) with the controller's base correction and the plain engine's own measured
+    factor, as the restart rule predicts it; no draft slots reserved in the KV cache.
+    The decided table's capacity (`Decision.capacity`) is the drafting engine's: a plain
+    engine reporting it would size the pool on an engine that is not running."""
+    import numpy as np
+
+    from control.capacity import replica_capacity
+    from control.model import max_batch_size, plain_step_time_s
+
+    n = config.max_num_seqs
+    ctx = context_tokens_per_req
+    step_s = np.array([[base_factor * plain_factor * plain_step_time_s(config.cost, b, b * ctx)]
+                       for b in range(1, n + 1)])
+    admitted = max_batch_size(config.kv_capacity_tokens, ctx, 0, n)
+    return replica_capacity(step_s, [1.0], [0] * n, admitted, config.target_tpot_s)
 
 
 def _table_rows(k_by_batch) -> list[list[int]]:
@@ -147,6 +170,8 @@ class LiveSpecController:
         self.recent_batch_sizes: deque[int] = deque(maxlen=r.dwell_intervals)  # the load lately
         self.restart_view: dict[str, Any] | None = None  # what the restart rule weighed last
         self._restarts_seen = getattr(engine, "num_restarts", 0)
+        # Context per request as the engine last ran (for a plain engine's capacity).
+        self.context_tokens_per_req = self.config.default_context_tokens_per_req
         self._plain_sums = [0.0, 0.0]  # measured, predicted seconds (decayed)
         # Time per output token as each engine ran (prefills and all) over the model's, by
         # batch-size bucket: {speculating: {bucket: [measured, predicted seconds]}} (decayed).
@@ -186,7 +211,7 @@ class LiveSpecController:
         speculating = self.engine.speculating
         self._observe_busy(window, speculating)
         # Context per request as the engine ran (a plain engine's steps are dropped below).
-        context_tokens_per_req = self._context_tokens_per_req(window)
+        context_tokens_per_req = self.context_tokens_per_req = self._context_tokens_per_req(window)
         if not speculating:  # a plain engine: its steps say nothing of drafts or the drafter's cost
             self._observe_plain_steps(window)
             window = {**window, "drafts_per_pos": [], "accepted_per_pos": [], "steps": []}
@@ -445,11 +470,19 @@ class LiveSpecController:
         if self.all_off_since is not None and speculating:
             out["advice"] = (f"drafting has been off at every batch size for "
                              f"{self.clock() - self.all_off_since:.0f} s: {OFF_ADVICE}")
-        if self.last is not None:
-            cap = self.last.capacity
+        if self.last is not None:  # None until the first interval has measured something
+            # The engine running now: the decided table is the drafting engine's, and stays
+            # so while the engine is plain (it waits for the drafter's return).
+            cap = self.last.capacity if speculating else self.plain_capacity()
             out["capacity"] = {"batch_size": int(cap.batch_size), "num_speculative_tokens": int(cap.num_speculative_tokens),
                                "tokens_per_s": round(float(cap.tokens_per_s), 2), "tpot_s": float(cap.tpot_s),
                                "meets_target": bool(cap.meets_target)}
-            out["probe"] = int(self.last.probe_num_speculative_tokens) or None
+            # A plain engine runs no probe table (nothing is put in force on it).
+            out["probe"] = (int(self.last.probe_num_speculative_tokens) or None) if speculating else None
         return out
+
+    def plain_capacity(self) -> "ReplicaCapacity":
+        """This engine's capacity at the latency target if it runs without the drafter."""
+        return plain_engine_capacity(self.config, self.state_.step_time_scale[0], self.plain_factor,
+                                     self.context_tokens_per_req)
 

@@ -9,11 +9,11 @@ arm and only the choice of K differs. Arms, each a fresh vLLM in its own process
 * static table: the table the controller would start from (calibration + prior), fixed
   for the whole run -- what tuning vLLM's batch-size table offline gives;
 * off@K7: the controller's engine (P-EAGLE started at K_max = 7) with drafting off at
-  every batch size by its table. Not the same as K = 0: vLLM's drafter still runs its
-  first forward pass on K = 0 steps to keep its KV cache in sync, so this is the
+  every batch size by its table. Not the same as K = 0: the drafter still runs its
+  head over the step's tokens on K = 0 steps to keep its KV cache in sync, so this is the
   cheapest the controller can make a step without restarting the engine;
 * controller: started at K_max = 7, choosing per batch size from what it measures
-  (P-EAGLE runs 0 or K_max on vLLM 0.32, so it decides when to turn drafting off).
+  (P-EAGLE runs any K in 0..K_max per step through actors/any_k.py).
 
 Closed loop at each concurrency c in 1..16: c requests in flight, fixed output length.
 Reports output tokens/s per arm and c, the controller's ratio to the best fixed K at each

@@ -183,14 +183,6 @@ class SpecConfig(StrictModel):
             )
         if self.schedule is not None:
             check_schedule(self.schedule, k)
-            odd = sorted({r[2] for r in self.schedule} - {0, k})
-            if self.method == "peagle" and odd:
-                raise ValueError(
-                    f"spec.schedule uses K={odd} with method 'peagle' (num_speculative_tokens={k}): "
-                    f"vLLM 0.32 runs P-EAGLE only at K=0 or K={k} per step (a smaller K mis-shapes "
-                    "the parallel drafts; upstream fix #45695 pending). Use 0 or "
-                    f"{k}, or lower num_speculative_tokens"
-                )
         if self.synthetic_acceptance_rates is not None:
             _check_rates("spec.synthetic_acceptance_rates", self.synthetic_acceptance_rates, decreasing=True)
         return self
@@ -283,7 +275,11 @@ class PoolConfig(StrictModel):
     """The pool of engine actors and the resources each one holds."""
 
     device: Device = Field("cpu", description="Where engines run.")
-    min_actors: int = Field(1, ge=1, description="Actors started up front.")
+    min_actors: int = Field(
+        1, ge=1, description="Actors started up front. Serve: also the floor an engine restart "
+        "(speculation controller, drafter off or back) respects, counting the restarting replica: "
+        "one replica restarts at a time while at least min_actors - 1 others serve, so a pool at "
+        "exactly min_actors (a single replica too) can still restart.")
     max_actors: int = Field(
         1, ge=1, description="Upper bound the batch pipeline may scale to."
     )

@@ -49,23 +49,17 @@ def speculative_config(spec: SpecConfig) -> dict[str, Any] | None:
 def live_k_values(engine: EngineConfig) -> list[int]:
     """The K values this engine can run per step (in its schedule, or put in force live).
 
-    * P-EAGLE: only 0 and the start-up K. vLLM 0.32's parallel drafter sizes its draft
-      slots once, from the start-up K, and reshapes the one-pass output by the step's K:
-      a smaller K crashes the engine when the counts do not divide, and silently mixes
-      up drafts between requests when they do (upstream fix #45695 pending;
-      tests/integration/test_live_schedule.py keeps checking it). K = 0 returns before
-      that reshape and is safe. Since P-EAGLE's draft pass costs about the same at any
-      K, "start-up K or off" is also where the best policy lands.
-    * EAGLE-3 / ngram with CUDA graphs (not enforce_eager): only K values the start-up
-      table contains, plus 0 and the start-up K (graphs were captured for those).
+    * With CUDA graphs (not enforce_eager): only K values the start-up table contains,
+      plus 0 and the start-up K (graphs were captured for those decode shapes).
+    * P-EAGLE follows the same rule through the project's vLLM plugin `actors.any_k`,
+      which lays the parallel draft pass out for each step's K (vLLM 0.32 alone sizes it
+      from the start-up K and breaks below it: upstream #45695).
     * Otherwise every K in 0..num_speculative_tokens.
     """
     spec = engine.spec
     k_max = spec.num_speculative_tokens or 0
     if not k_max:
         return [0]
-    if spec.method == "peagle":
-        return [0, k_max]
     if not engine.enforce_eager:
         return sorted({0, k_max, *(k for _, _, k in spec.schedule or [])})
     return list(range(k_max + 1))

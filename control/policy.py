@@ -83,8 +83,8 @@ class ControllerConfig:
     acceptance_prior: tuple[float, ...]  # p_i before any measurement (generic workload)
     target_tpot_s: float  # latency target per output token, for capacity
     lookahead_follows_k: bool = False  # vLLM reserves K_max slots whatever the step's K
-    # K values the engine can run; None = every K in 0..K_max. vLLM 0.32 runs P-EAGLE only
-    # at 0 or its start-up K (configs.vllm_args.live_k_values says why).
+    # K values the engine can run; None = every K in 0..K_max. With CUDA graphs only the
+    # start-up table's (configs.vllm_args.live_k_values says why).
     allowed_k: tuple[int, ...] | None = None
     prior_drafts: float = 20.0  # weight of the prior, in drafts per position (a weak guess)
     acceptance_halflife_drafts: float = 1000.0  # forgetting: half weight after this many drafts

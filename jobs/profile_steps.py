@@ -7,7 +7,7 @@
 Starts ONE engine with a batch-size table ([[1, max_num_seqs, K_max]]) and moves K
 live (`Engine.set_spec_schedule`), so every point runs in the same process with the same
 weights and KV cache. K takes the values the engine can run live (`--ks`, default all of
-`configs.vllm_args.live_k_values`: for P-EAGLE on vLLM 0.32 only 0 and K_max); the fitted
+`configs.vllm_args.live_k_values`: every K in 0..K_max on an eager engine); the fitted
 model gives the K in between. A point (B, K) runs B requests at once, greedy, `--tokens` output
 tokens each with `ignore_eos` (none stops early), and times its decode window: from the
 step that finished the last prefill to the last step all B requests were still running.
@@ -351,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", type=int_list, default=[1, 2, 4, 8, 16], help="comma-separated B values")
     p.add_argument("--ks", type=int_list, default=None,
                    help="comma-separated K values; default every K the engine can run live "
-                        "(P-EAGLE on vLLM 0.32: 0 and K_max)")
+                        "(an eager engine: every K in 0..K_max)")
     p.add_argument("--tokens", type=int, default=64, help="output tokens per request (default 64)")
     p.add_argument("--repeats", type=int, default=3, help="runs per point at least (default 3)")
     p.add_argument("--max-repeats", type=int, default=6,

@@ -58,11 +58,13 @@ class EngineReplica:
         controller = self.engine.controller
         context = serve.get_replica_context()
         if controller is not None and controller.replacement_enabled and context is not None:
-            # Restarts without the drafter (and back) one replica at a time, never below
-            # pool.min_actors serving (serving.restart_lease).
-            from serving.restart_lease import ReplicaLease
+            # Restarts without the drafter (and back) one replica at a time, while at least
+            # pool.min_actors - 1 others serve (serving.restart_lease): a pool at its
+            # minimum, a lone replica included, may still restart one.
+            from serving.restart_lease import ReplicaLease, min_healthy_during_restart
 
-            self.lease = ReplicaLease(context.app_name, context.replica_tag, min_healthy=self.cfg.pool.min_actors)
+            self.lease = ReplicaLease(context.app_name, context.replica_tag,
+                                      min_healthy=min_healthy_during_restart(self.cfg.pool.min_actors))
             controller.lease = self.lease
         batch_limit = max(1, int(self.cfg.serve.max_ongoing_requests * self.cfg.serve.batch_share))
         self.batch_gate = BatchGate(batch_limit, self.cfg.serve.batch_rows_with_online)

@@ -3,8 +3,16 @@
 A replica's speculation controller restarts its engine without the drafter (or back with
 it) only with the lease (`actors.spec_control.LiveSpecController.lease`): while a replica
 restarts it serves nothing, so the lease goes to one replica at a time, and only when at
-least `min_healthy` other replicas are alive to carry the load meanwhile. Alive = reported
-within `stale_s`. A holder that stops reporting loses the lease after `stale_s`.
+least `min_healthy` OTHER replicas (the asker not counted) are alive to carry the load
+meanwhile. Alive = reported within `stale_s`. A holder that stops reporting loses the
+lease after `stale_s`.
+
+The pool's `min_actors` counts the restarting replica: `min_healthy_during_restart` turns
+it into `min_healthy = min_actors - 1`, so a pool at exactly `min_actors` may restart one
+replica, and a single replica may restart at all (its requests wait at its gate for the
+rebuilt engine, `actors.engine_lifecycle`). Asking for `min_actors` others instead would
+leave the controller's restart lever dead on every pool at its minimum, the default
+single replica included.
 
 - `LeaseBook`: the rule, on plain numbers with an injected clock (unit-tested).
 - `RestartLease`: the Ray actor that keeps one book per Serve app (named, no CPU).
@@ -23,6 +31,14 @@ from typing import Callable
 STALE_S = 30.0
 
 
+def min_healthy_during_restart(min_actors: int) -> int:
+    """Replicas other than the restarting one that must stay alive while it restarts, for
+    a pool of at least `min_actors`: one restarts, the other `min_actors - 1` serve."""
+    if min_actors < 1:
+        raise ValueError(f"min_actors must be >= 1, got {min_actors!r}")
+    return min_actors - 1
+
+
 class LeaseBook:
     def __init__(self, stale_s: float = STALE_S, clock: Callable[[], float] = time.monotonic):
         self.stale_s, self.clock = stale_s, clock
@@ -37,7 +53,11 @@ class LeaseBook:
         return {r for r, t in self.seen.items() if now - t <= self.stale_s}
 
     def acquire(self, replica_id: str, min_healthy: int) -> tuple[bool, str]:
-        """(granted, why). The asking replica counts as alive."""
+        """(granted, why): granted when nobody else alive holds the lease and at least
+        `min_healthy` replicas besides `replica_id` are alive. The asker counts as alive
+        (it is asking) but not toward `min_healthy`: 0 lets a lone replica restart."""
+        if min_healthy < 0:
+            raise ValueError(f"min_healthy must be >= 0, got {min_healthy!r}")
         self.heartbeat(replica_id)
         alive = self.alive()
         if self.holder is not None and self.holder != replica_id and self.holder in alive:
@@ -74,6 +94,8 @@ class ReplicaLease:
     again if it died with the replica that created it (it is owned by that replica)."""
 
     def __init__(self, app_name: str, replica_id: str, min_healthy: int):
+        """`min_healthy`: OTHER replicas that must be alive for this one to restart (from a
+        pool's `min_actors`: `min_healthy_during_restart`)."""
         self.name, self.replica_id, self.min_healthy = f"peagle-restart-lease:{app_name}", replica_id, min_healthy
         self.last_answer = ""
         self._last = None  # the previous heartbeat's result

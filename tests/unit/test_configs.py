@@ -135,11 +135,12 @@ def test_schedule_is_validated_and_passed_through():
     cfg = load_config("tiny", [*eagle3, "engine.spec.schedule=[[1, 4, 4], [5, 64, 2], [65, 1024, 0]]"])
     spec = to_vllm_kwargs(cfg.engine)["speculative_config"]
     assert spec["num_speculative_tokens_per_batch_size"] == [[1, 4, 4], [5, 64, 2], [65, 1024, 0]]
-    # P-EAGLE runs only at 0 or its start-up K on vLLM 0.32 (#45695): refused by value.
-    with pytest.raises(ConfigError, match=r"K=\[2\] with method 'peagle'.*#45695"):
-        load_config("tiny", ["engine.spec.schedule=[[1, 4, 4], [5, 64, 2], [65, 1024, 0]]"])
-    peagle = load_config("tiny", ["engine.spec.schedule=[[1, 4, 4], [5, 1024, 0]]"]).engine
-    assert live_k_values(peagle) == [0, 4]
+    # P-EAGLE runs every K in 0..K_max per step too (actors.any_k).
+    peagle = load_config("tiny", ["engine.spec.schedule=[[1, 4, 4], [5, 64, 2], [65, 1024, 0]]"]).engine
+    assert to_vllm_kwargs(peagle)["speculative_config"]["num_speculative_tokens_per_batch_size"][1] == [5, 64, 2]
+    assert live_k_values(peagle) == [0, 1, 2, 3, 4]
+    graphs = load_config("tiny", ["engine.enforce_eager=false", "engine.spec.schedule=[[1, 4, 4], [5, 1024, 2]]"])
+    assert live_k_values(graphs.engine) == [0, 2, 4]  # CUDA graphs: the start-up table's K values only
     assert live_k_values(load_config("tiny", eagle3).engine) == [0, 1, 2, 3, 4]
     with pytest.raises(ConfigError, match="contiguous"):
         load_config("tiny", ["engine.spec.schedule=[[2, 4, 4]]"])

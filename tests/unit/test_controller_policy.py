@@ -117,7 +117,7 @@ def test_decision_schedule_is_a_valid_vllm_table_for_the_engine_config():
 
 
 def test_controller_chooses_and_probes_only_k_values_the_engine_can_run():
-    # P-EAGLE on vLLM 0.32: 0 or the start-up K. The free optimum here uses K between.
+    # An engine that can run only some K (CUDA graphs: the start-up table's). The free optimum here uses K between.
     free = initial_state(config()).k_by_batch
     assert set(free) - {0, 11}
     cfg = config(allowed_k=(0, 11))

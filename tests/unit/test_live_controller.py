@@ -171,11 +171,17 @@ def test_same_measurements_same_decisions():
     assert runs[0] == runs[1]
 
 
-def test_peagle_tables_use_only_k_the_engine_can_run():
-    ctl, engine, clock = controlled([0.5, 0.3, 0.2, 0.1])
-    run(ctl, engine, clock, [1, 3, 6, 12, 16] * 10)
-    for table in engine.tables_set:  # P-EAGLE on vLLM 0.32: K is 0 or the start-up K
-        assert {k for _, _, k in table} <= {0, 4}
+def test_tables_use_only_k_the_engine_can_run():
+    # With CUDA graphs a live table may use only the start-up table's K values (graphs are
+    # captured per decode shape); an eager engine may use every K.
+    graphs = ["engine.enforce_eager=false", "engine.spec.schedule=[[1, 4, 4], [5, 16, 0]]",
+              "engine.spec.controller.replacement.enabled=false"]
+    for overrides, allowed in [(graphs, {0, 4}), (["engine.spec.controller.replacement.enabled=false"], set(range(5)))]:
+        ctl, engine, clock = controlled([0.5, 0.3, 0.2, 0.1], overrides)
+        run(ctl, engine, clock, [1, 3, 6, 12, 16] * 10)
+        used = {k for table in engine.tables_set for _, _, k in table}
+        assert used <= allowed, (overrides, used)
+    assert used - {0, 4}, used  # the eager engine did use a K between
 
 
 def test_timeline_covers_the_whole_run_and_stays_bounded():
@@ -253,6 +259,8 @@ def test_heavy_load_restarts_without_the_drafter_and_light_load_brings_it_back(d
     assert state["engine"] == "speculating" and "restart with speculation" in state["recent_restarts"][-1]["reason"]
     run_until(ctl, engine, clock, 1, lambda: False, 3)
     assert ctl.state()["k_in_force"] == 4 and engine.schedule == ctl.state()["schedule"]
+    # With the drafter back, the capacity reported is the decided table's again.
+    assert ctl.state()["capacity"]["num_speculative_tokens"] == ctl.last.capacity.num_speculative_tokens
     marks = [spec for _, _, _, spec in ctl.state()["timeline"]]
     assert marks[0] == 1 and 0 in marks and marks[-1] == 1
 
@@ -286,6 +294,58 @@ def test_a_heavy_load_that_dips_between_requests_restarts_without_the_drafter_an
     assert engine.restarts == [False]
 
 
+def plain_capacity_as_calibrated(cost, max_num_seqs: int, target_tpot_s: float) -> tuple[int, float]:
+    """(batch size, tokens/s) of a plain engine stepping as calibrated: the largest batch
+    whose step (one token per request, no drafter pass) meets the target."""
+    best = 1
+    for b in range(1, max_num_seqs + 1):
+        if plain_step_time_s(cost, b, CONTEXT_PER_REQ * b) <= target_tpot_s:
+            best = b
+    return best, best / plain_step_time_s(cost, best, CONTEXT_PER_REQ * best)
+
+
+def test_after_a_restart_without_the_drafter_the_replica_reports_the_plain_engines_capacity(drafter_costs):
+    from serving.autoscale import autoscaling_stats, reports_from_metrics
+
+    cal, overrides = drafter_costs
+    ctl, engine, clock = controlled(MIXED, overrides, cal)
+    run_until(ctl, engine, clock, 16, lambda: engine.restarts == [False], 300)
+    assert engine.restarts == [False], ctl.state()["replacement"]
+    drafting = ctl.last.capacity  # decided while the drafter was still on: the drafting table's
+    # Right after the restart (no interval has run plain yet): the stand-in steps as
+    # calibrated, so the controller's corrections are 1 and the plain engine's capacity is
+    # the calibration's plain step at every batch size, K=0.
+    batch_size, tokens_per_s = plain_capacity_as_calibrated(cal.cost, 16, ctl.config.target_tpot_s)
+    cap = ctl.state()["capacity"]
+    assert cap["num_speculative_tokens"] == 0 and cap["batch_size"] == batch_size
+    assert cap["tokens_per_s"] == pytest.approx(tokens_per_s, rel=1e-3)
+    # ... which the drafting table's is not (what the replica reported before the fix).
+    assert drafting.num_speculative_tokens > 0 or drafting.tokens_per_s != pytest.approx(tokens_per_s, rel=1e-3)
+    assert ctl.state()["probe"] is None
+    # What the Serve autoscaler reads from this replica (EngineReplica.record_autoscaling_stats).
+    stats = autoscaling_stats(16, cap)
+    [report] = reports_from_metrics({name: {"r": value} for name, value in stats.items()}, ["r"])
+    assert report.capacity.num_speculative_tokens == 0
+    assert report.capacity.tokens_per_s == pytest.approx(tokens_per_s, rel=1e-3)
+    # Decisions made while plain keep deciding the drafting table (for the drafter's
+    # return); the capacity reported stays the plain engine's, now measured as it ran.
+    run_until(ctl, engine, clock, 16, lambda: False, 5)
+    assert ctl.state()["engine"] == "plain"
+    cap = ctl.state()["capacity"]
+    assert cap["num_speculative_tokens"] == 0 and cap["tokens_per_s"] == pytest.approx(tokens_per_s, rel=1e-3)
+
+
+def test_an_operators_restart_to_plain_also_reports_the_plain_engines_capacity():
+    ctl, engine, clock = controlled([0.95, 0.9, 0.85, 0.8])
+    run(ctl, engine, clock, [4] * 3)
+    assert ctl.state()["capacity"]["num_speculative_tokens"] > 0
+    asyncio.run(engine.restart_engine(False))  # not the controller's doing (serving.app restart_engine)
+    batch_size, tokens_per_s = plain_capacity_as_calibrated(CAL.cost, 16, ctl.config.target_tpot_s)
+    cap = ctl.state()["capacity"]
+    assert cap["num_speculative_tokens"] == 0 and cap["batch_size"] == batch_size
+    assert cap["tokens_per_s"] == pytest.approx(tokens_per_s, rel=1e-3)
+
+
 def test_timeline_plot_shades_the_spell_without_the_drafter(drafter_costs, tmp_path):
     from jobs.job_report import timeline_png
 
@@ -300,14 +360,14 @@ def test_timeline_plot_shades_the_spell_without_the_drafter(drafter_costs, tmp_p
 
 def test_a_plain_engine_beating_a_drafting_table_restarts_without_the_drafter():
     # cpu-tiny as measured: the drafter's K=0 pass is half a step. At 8 running with these
-    # rates drafting at K=4 beats drafting off by table (the drafter runs either way), so
+    # rates drafting beats drafting off by table (the drafter runs either way), so
     # the decided table never goes K=0; a plain engine still beats both.
     acceptance = [0.6, 0.4, 0.2, 0.1]
     ctl, engine, clock = controlled(acceptance, ["engine.spec.controller.acceptance_prior=[0.6, 0.4, 0.2, 0.1]"])
     n_off = run_until(ctl, engine, clock, 8, lambda: engine.restarts == [False], 300)
     assert n_off is not None, ctl.state()["replacement"]
     decided = dense_from_schedule(ctl.state()["table"], 16, 4)
-    assert decided[8 - 1] == 4  # the table the controller would run drafts at this load
+    assert decided[8 - 1] > 0  # the table the controller would run drafts at this load
     restart = ctl.state()["recent_restarts"][-1]
     assert restart["speculating"] is False and "restart without speculation" in restart["reason"]
     # The plain engine then runs as predicted: it stays plain at this load (no flapping).

@@ -21,7 +21,7 @@ def test_engine_starts_with_a_table_at_k_max_for_every_batch_size_and_no_control
 
 @pytest.mark.parametrize("overrides, batch_sizes, ks, message", [
     (["engine.spec={method: none}"], [1], [0], "spec.method='none'"),
-    ([], [1], [0, 2, 4], r"runs K in \[0, 4\] only"),  # P-EAGLE: off or start-up K
+    ([], [1], [0, 2, 5], r"runs K in \[0, 1, 2, 3, 4\] only"),  # none above the start-up K
     ([], [1, 64], [0, 4], "max_num_seqs=32"),
 ])
 def test_a_grid_the_engine_cannot_run_is_refused_by_name(overrides, batch_sizes, ks, message):
@@ -29,8 +29,9 @@ def test_a_grid_the_engine_cannot_run_is_refused_by_name(overrides, batch_sizes,
         profile_config(load_config("tiny", overrides), batch_sizes, ks)
 
 
-def test_eagle3_may_sweep_every_k():
-    cfg = load_config("tiny", ["engine.spec.method=eagle3", "engine.spec.head=artifacts/tiny/eagle3-head"])
+@pytest.mark.parametrize("method", [[], ["engine.spec.method=eagle3", "engine.spec.head=artifacts/tiny/eagle3-head"]])
+def test_p_eagle_and_eagle3_may_sweep_every_k(method):
+    cfg = load_config("tiny", method)
     assert profile_config(cfg, [1], [0, 1, 2, 3, 4]).engine.spec.schedule == [(1, 32, 4)]
 
 
