@@ -52,16 +52,28 @@ def slots_for(k: int) -> tuple[int, int]:
 
 
 def _wrap(propose):
+    import inspect
+
+    signature = inspect.signature(propose)
+
+    def run_pass(self, k: int, **kwargs):
+        saved = self.extra_slots_per_request, self.net_num_new_slots_per_request
+        self.extra_slots_per_request, self.net_num_new_slots_per_request = slots_for(k)
+        try:
+            return propose(self, k, **kwargs)
+        finally:
+            self.extra_slots_per_request, self.net_num_new_slots_per_request = saved
+
     @functools.wraps(propose)
     def propose_at_step_k(self, num_speculative_tokens, *args, **kwargs):
         if not applies(self):
             return propose(self, num_speculative_tokens, *args, **kwargs)
-        saved = self.extra_slots_per_request, self.net_num_new_slots_per_request
-        self.extra_slots_per_request, self.net_num_new_slots_per_request = slots_for(int(num_speculative_tokens))
-        try:
-            return propose(self, num_speculative_tokens, *args, **kwargs)
-        finally:
-            self.extra_slots_per_request, self.net_num_new_slots_per_request = saved
+        from actors import k0_skip
+
+        bound = signature.bind(self, num_speculative_tokens, *args, **kwargs).arguments
+        bound.pop("self")
+        k = int(bound.pop("num_speculative_tokens"))
+        return k0_skip.propose(self, k, bound, functools.partial(run_pass, self))
 
     setattr(propose_at_step_k, MARK, True)
     return propose_at_step_k
@@ -89,3 +101,6 @@ def install() -> None:
             "P-EAGLE per-step K not installed: vLLM's SpecDecodeBaseProposer lacks %s", needed)
         return
     SpecDecodeBaseProposer.propose = _wrap(SpecDecodeBaseProposer.propose)
+    from actors import k0_skip
+
+    k0_skip.install()
