@@ -16,7 +16,8 @@ the head's attention is causal, so a draft slot never sees the mask slots after 
 a mask slot's embedding and hidden state do not depend on K; the K drafts of a K-slot
 pass are the first K drafts a K_max-slot pass would make. K = 1 is one-token EAGLE; K = 0
 runs the head over the step's own tokens only (its KV cache stays in step with the
-target's) and samples nothing. The output stays the target's whatever the drafts are
+target's) and samples nothing, or, on a decode-only step, skips the head and leaves the
+catch-up to the next pass (`actors.k0_skip`, which every step goes through here). The output stays the target's whatever the drafts are
 (rejection sampling); tests/integration/test_live_schedule.py proves it token for token
 with K switching across 0..K_max, and that the K asked for is the K that ran.
 

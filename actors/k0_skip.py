@@ -80,6 +80,7 @@ class State:
     def __init__(self, proposer: Any):
         self.enabled = True
         self.catch_up = True
+        self.fail_next = False  # test-only fault injection: the next skip decision raises
         self.width: int | None = None  # stash tokens per request; None: from STASH_BUDGET_BYTES
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.step: tuple[Any, Any] | None = None
@@ -172,6 +173,9 @@ def _skip_or_catch_up(proposer, st: State, k: int, args: dict[str, Any], run_pas
 
     from actors.step_split import is_decode_step
 
+    if st.fail_next:
+        st.fail_next = False
+        raise RuntimeError("injected fault (test)")
     so, _ = st.step
     cad = args["common_attn_metadata"]
     req_ids, starts, lens, qsl = _rows(st.step, cad)
@@ -299,7 +303,8 @@ def _wrap_runner(fn):
 
 def _utility(core: Any, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """Engine-core utility: apply `settings` (any of catch_up: bool, skip: bool,
-    stash_tokens: int, reset: bool, force_k_cycle: list[int] | None, record_drafts: bool),
+    stash_tokens: int, reset: bool, force_k_cycle: list[int] | None, record_drafts: bool,
+    inject_fault: bool),
     return the counters (and the drafts recorded, on record_drafts=False)."""
     from actors import any_k, step_split
 
@@ -309,7 +314,8 @@ def _utility(core: Any, settings: dict[str, Any] | None = None) -> dict[str, Any
         raise ValueError("the K=0 skip needs a P-EAGLE drafter (parallel drafting, EAGLE-3 head)")
     st = state_for(drafter)
     settings = dict(settings or {})
-    unknown = set(settings) - {"catch_up", "skip", "stash_tokens", "reset", "force_k_cycle", "record_drafts"}
+    unknown = set(settings) - {"catch_up", "skip", "stash_tokens", "reset", "force_k_cycle", "record_drafts",
+                              "inject_fault"}
     if unknown:
         raise ValueError(f"unknown K=0 skip settings {sorted(unknown)!r}")
     if "catch_up" in settings:
@@ -321,6 +327,8 @@ def _utility(core: Any, settings: dict[str, Any] | None = None) -> dict[str, Any
     if "stash_tokens" in settings:
         st.forget(list(st.slot))
         st.width, st.hidden, st.tokens = int(settings["stash_tokens"]), None, None
+    if "inject_fault" in settings:
+        st.fail_next = bool(settings["inject_fault"])
     if settings.get("reset"):
         st.counters = dict.fromkeys(COUNTERS, 0)
     if "force_k_cycle" in settings:

@@ -127,3 +127,10 @@ def test_a_gap_longer_than_the_stash_is_flushed_and_stays_exact(reference, peagl
     out, window, counters = _run(peagle, loop, [K_MAX, *[0] * 12], stash_tokens=4)
     assert not [i for i in reference if out[i] != reference[i]]
     assert counters["enabled"] and counters["flushes"] > 0 and counters["stash_tokens"] == 4, counters
+
+
+def test_a_failure_in_the_skip_turns_it_off_for_good_and_the_head_runs_again(reference, peagle, loop):
+    out, _, counters = _run(peagle, loop, SWITCHING, inject_fault=True, skip=True)
+    assert not [i for i in reference if out[i] != reference[i]]
+    assert not counters["enabled"] and counters["skipped_steps"] == 0, counters
+    assert counters["k0_head_runs"] > 0, counters  # K=0 steps ran the head, as before the skip
