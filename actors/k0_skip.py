@@ -186,7 +186,8 @@ def _skip_or_catch_up(proposer, st: State, k: int, args: dict[str, Any], run_pas
             st.forget([rid])
             st.counters["dropped_gaps"] += 1
     decode = is_decode_step(so.num_scheduled_tokens, so.scheduled_spec_decode_tokens)
-    if k == 0 and decode and args.get("mm_embed_inputs") is None:
+    # M-RoPE positions are 3-D; the catch-up batch builds 1-D ones, so those models never skip.
+    if k == 0 and decode and args.get("mm_embed_inputs") is None and not getattr(proposer, "uses_mrope", False):
         st._alloc(hidden, tokens)
         width = st.hidden.shape[1]
         fits = all(p + n - st.gap_start.get(rid, p) <= width for rid, p, n in zip(req_ids, starts, lens))
