@@ -16,7 +16,8 @@ the head's attention is causal, so a draft slot never sees the mask slots after 
 a mask slot's embedding and hidden state do not depend on K; the K drafts of a K-slot
 pass are the first K drafts a K_max-slot pass would make. K = 1 is one-token EAGLE; K = 0
 runs the head over the step's own tokens only (its KV cache stays in step with the
-target's) and samples nothing. The output stays the target's whatever the drafts are
+target's) and samples nothing, or, on a decode-only step, skips the head and leaves the
+catch-up to the next pass (`actors.k0_skip`, which every step goes through here). The output stays the target's whatever the drafts are
 (rejection sampling); tests/integration/test_live_schedule.py proves it token for token
 with K switching across 0..K_max, and that the K asked for is the K that ran.
 
@@ -52,16 +53,28 @@ def slots_for(k: int) -> tuple[int, int]:
 
 
 def _wrap(propose):
+    import inspect
+
+    signature = inspect.signature(propose)
+
+    def run_pass(self, k: int, **kwargs):
+        saved = self.extra_slots_per_request, self.net_num_new_slots_per_request
+        self.extra_slots_per_request, self.net_num_new_slots_per_request = slots_for(k)
+        try:
+            return propose(self, k, **kwargs)
+        finally:
+            self.extra_slots_per_request, self.net_num_new_slots_per_request = saved
+
     @functools.wraps(propose)
     def propose_at_step_k(self, num_speculative_tokens, *args, **kwargs):
         if not applies(self):
             return propose(self, num_speculative_tokens, *args, **kwargs)
-        saved = self.extra_slots_per_request, self.net_num_new_slots_per_request
-        self.extra_slots_per_request, self.net_num_new_slots_per_request = slots_for(int(num_speculative_tokens))
-        try:
-            return propose(self, num_speculative_tokens, *args, **kwargs)
-        finally:
-            self.extra_slots_per_request, self.net_num_new_slots_per_request = saved
+        from actors import k0_skip
+
+        bound = signature.bind(self, num_speculative_tokens, *args, **kwargs).arguments
+        bound.pop("self")
+        k = int(bound.pop("num_speculative_tokens"))
+        return k0_skip.propose(self, k, bound, functools.partial(run_pass, self))
 
     setattr(propose_at_step_k, MARK, True)
     return propose_at_step_k
@@ -89,3 +102,6 @@ def install() -> None:
             "P-EAGLE per-step K not installed: vLLM's SpecDecodeBaseProposer lacks %s", needed)
         return
     SpecDecodeBaseProposer.propose = _wrap(SpecDecodeBaseProposer.propose)
+    from actors import k0_skip
+
+    k0_skip.install()

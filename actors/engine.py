@@ -368,6 +368,15 @@ class Engine(EngineLifecycle):
         async with self.admitted():
             return await self._llm.engine_core.call_utility_async(METHOD, action)
 
+    async def k0_skip(self, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+        """P-EAGLE K=0 skip counters (head forwards, skipped steps, catch-up passes), after
+        applying test/benchmark `settings` (`actors.k0_skip`: catch_up, skip, stash_tokens,
+        reset, force_k_cycle)."""
+        from actors.k0_skip import METHOD
+
+        async with self.admitted():
+            return await self._llm.engine_core.call_utility_async(METHOD, settings)
+
     # -- introspection -----------------------------------------------------------------
 
     def stats_dict(self) -> dict[str, Any]:

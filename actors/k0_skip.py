@@ -1,0 +1,379 @@
+"""A K = 0 step skips the P-EAGLE head; the head's KV cache catches up when drafting resumes.
+
+Without this, a K = 0 step still runs the head over the step's tokens (one slot per
+request, `actors.any_k`) only to keep the drafter's KV cache in step with the target's.
+Here a decode-only K = 0 step runs no head at all: it stashes, per request, what the
+head would have read at each skipped position (the target's concatenated aux hidden
+states and its input token). The next step that runs the head (K > 0, a prefill, or a
+K = 0 step whose gap would overflow the stash) first runs catch-up passes: the head over
+each request's stashed gap, batched like a prefill through the unchanged first pass at
+K = 0 (one slot per request, no lm_head), on a synthetic batch of just those requests.
+The head is causal, so this writes the draft KV that continuous drafting would have
+written, and acceptance after a gap equals acceptance without one.
+
+Design: docs/design/per-step-k-peagle.md, section (c). Called from `actors.any_k`'s
+propose wrapper (`propose`) and the runner wrapper installed here (`install`), which
+hands the drafter the step's scheduler output and frees finished/preempted requests.
+Skips only with sync scheduling and data parallel size 1; anywhere else, and after any
+exception (logged once; the skip is then off for the engine's life), a K = 0 step runs
+the head as before. The output never depends on this module (rejection sampling);
+only acceptance does. Knows nothing about who picks K.
+
+`peagle_k0_skip` (engine-core utility) reads the counters and sets test-only knobs:
+catch-up off (the negative control), a stash width, a forced per-step K cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+METHOD = "peagle_k0_skip"
+ATTR = "_peagle_k0"
+STASH_BUDGET_BYTES = 64 << 20  # per engine; the stash width W follows from it (design (c))
+COUNTERS = ("head_forwards", "skipped_steps", "catchup_passes", "catchup_tokens", "k0_head_runs",
+            "flushes", "dropped_gaps")
+
+log = logging.getLogger(__name__)
+
+
+def plan_passes(spans: Sequence[tuple[int, int, int]], max_tokens: int) -> list[list[tuple[int, int, int]]]:
+    """Cut gaps (row, start, end) into catch-up passes of at most `max_tokens` tokens.
+    A request appears at most once per pass, and its pieces run in position order."""
+    if max_tokens < 1:
+        raise ValueError(f"a catch-up pass needs room for at least one token, got {max_tokens!r}")
+    left = [list(s) for s in spans if s[2] > s[1]]
+    passes = []
+    while left:
+        room, cur = max_tokens, []
+        for span in left:
+            if room == 0:
+                break
+            take = min(room, span[2] - span[1])
+            cur.append((span[0], span[1], span[1] + take))
+            span[1] += take
+            room -= take
+        passes.append(cur)
+        left = [s for s in left if s[2] > s[1]]
+    return passes
+
+
+class _Cycle(list):
+    """A scheduler K lookup that ignores the batch size and returns the next K of a cycle
+    (test-only: makes K switching deterministic per step)."""
+
+    def __init__(self, cycle: Sequence[int], base: list[int]):
+        super().__init__(base)
+        self.cycle, self.i = [int(k) for k in cycle], 0
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return list.__getitem__(self, index)
+        k = self.cycle[self.i % len(self.cycle)]
+        self.i += 1
+        return k
+
+
+class State:
+    """Per-drafter stash and counters. `step` is set by the runner wrapper for one call."""
+
+    def __init__(self, proposer: Any):
+        self.enabled = True
+        self.catch_up = True
+        self.fail_next = False  # test-only fault injection: the next skip decision raises
+        self.width: int | None = None  # stash tokens per request; None: from STASH_BUDGET_BYTES
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.step: tuple[Any, Any] | None = None
+        self.hidden = self.tokens = None
+        self.slot: dict[str, int] = {}
+        self.gap_start: dict[str, int] = {}
+        self.written_end: dict[str, int] = {}
+        self.max_reqs = proposer.vllm_config.scheduler_config.max_num_seqs
+        self.max_model_len = proposer.max_model_len
+        proposer.model.register_forward_pre_hook(self._count_forward)
+
+    def _count_forward(self, module, args):
+        self.counters["head_forwards"] += 1
+
+    def forget(self, req_ids) -> None:
+        for rid in req_ids:
+            self.slot.pop(rid, None)
+            self.gap_start.pop(rid, None)
+            self.written_end.pop(rid, None)
+
+    def disable(self, why: str) -> None:
+        if self.enabled:
+            log.warning("P-EAGLE K=0 skip disabled for this engine: %s", why)
+        self.enabled = False
+        self.forget(list(self.slot))
+        self.hidden = self.tokens = None
+
+    def _alloc(self, like_hidden, like_tokens) -> None:
+        import torch
+
+        if self.hidden is not None:
+            return
+        per_token = like_hidden.shape[1] * like_hidden.element_size() + like_tokens.element_size()
+        width = self.width or min(self.max_model_len, STASH_BUDGET_BYTES // (self.max_reqs * per_token))
+        if width < 2:
+            raise ValueError(f"stash budget too small for one position per request (width {width!r})")
+        self.hidden = torch.empty(self.max_reqs, width, like_hidden.shape[1], dtype=like_hidden.dtype,
+                                  device=like_hidden.device)
+        self.tokens = torch.empty(self.max_reqs, width, dtype=like_tokens.dtype, device=like_tokens.device)
+
+    def _new_slot(self, rid: str) -> int:
+        used = set(self.slot.values())
+        free = next(s for s in range(self.max_reqs) if s not in used)
+        self.slot[rid] = free
+        return free
+
+
+def state_for(proposer: Any) -> State:
+    st = getattr(proposer, ATTR, None)
+    if st is None:
+        st = State(proposer)
+        setattr(proposer, ATTR, st)
+    return st
+
+
+def _rows(step, cad):
+    """(req_ids, first positions, query lengths) of the step's rows, from the CPU side."""
+    so, batch = step
+    num_reqs = cad.batch_size()
+    qsl = cad.query_start_loc_cpu[: num_reqs + 1].tolist()
+    lens = [qsl[i + 1] - qsl[i] for i in range(num_reqs)]
+    req_ids = list(batch.req_ids[:num_reqs])
+    starts = [int(p) for p in batch.num_computed_tokens_cpu[:num_reqs]]
+    if cad.seq_lens_cpu_upper_bound is not None:  # sync scheduling: exact; a mismatch means a layout we do not know
+        ends = cad.seq_lens_cpu_upper_bound[:num_reqs].tolist()
+        if any(p + n != e for p, n, e in zip(starts, lens, ends)):
+            raise RuntimeError("step rows do not match the input batch's computed tokens")
+    return req_ids, starts, lens, qsl
+
+
+def propose(proposer: Any, k: int, args: dict[str, Any], run_pass: Callable[..., Any]):
+    """The step's drafting: skip (K = 0, decode-only) or catch up open gaps, then run."""
+    st = state_for(proposer)
+    step = st.step
+    if st.enabled and step is not None:
+        try:
+            out = _skip_or_catch_up(proposer, st, k, args, run_pass)
+            if out is not None:
+                return out
+        except Exception as exc:  # never take the engine down: fall back to running the head
+            log.exception("P-EAGLE K=0 skip failed")
+            st.disable(f"{type(exc).__name__}: {exc}")
+    if k == 0:
+        st.counters["k0_head_runs"] += 1
+    return run_pass(k, **args)
+
+
+def _skip_or_catch_up(proposer, st: State, k: int, args: dict[str, Any], run_pass):
+    import torch
+
+    from actors.step_split import is_decode_step
+
+    if st.fail_next:
+        st.fail_next = False
+        raise RuntimeError("injected fault (test)")
+    so, _ = st.step
+    cad = args["common_attn_metadata"]
+    req_ids, starts, lens, qsl = _rows(st.step, cad)
+    tokens, hidden = args["target_token_ids"], args["target_hidden_states"]
+    # A gap whose stash has a hole (a step ran no drafter at all) cannot be caught up: drop it.
+    for rid, p in zip(req_ids, starts):
+        if rid in st.gap_start and not st.gap_start[rid] <= p <= st.written_end[rid]:
+            st.forget([rid])
+            st.counters["dropped_gaps"] += 1
+    decode = is_decode_step(so.num_scheduled_tokens, so.scheduled_spec_decode_tokens)
+    # M-RoPE positions are 3-D; the catch-up batch builds 1-D ones, so those models never skip.
+    if k == 0 and decode and args.get("mm_embed_inputs") is None and not getattr(proposer, "uses_mrope", False):
+        st._alloc(hidden, tokens)
+        width = st.hidden.shape[1]
+        fits = all(p + n - st.gap_start.get(rid, p) <= width for rid, p, n in zip(req_ids, starts, lens))
+        if fits:
+            _stash(st, req_ids, starts, lens, tokens, hidden)
+            st.counters["skipped_steps"] += 1
+            proposer._last_draft_probs = None
+            return torch.empty(len(req_ids), 0, dtype=torch.int64, device=tokens.device)
+        st.counters["flushes"] += 1
+    spans = [(i, st.gap_start[rid], p) for i, (rid, p) in enumerate(zip(req_ids, starts)) if rid in st.gap_start]
+    if spans and st.catch_up:
+        for piece in plan_passes(spans, proposer.max_num_tokens):
+            _catch_up_pass(proposer, st, piece, req_ids, starts, qsl, args, run_pass)
+    st.forget([req_ids[i] for i, _, _ in spans])
+    return None
+
+
+def _stash(st: State, req_ids, starts, lens, tokens, hidden) -> None:
+    import torch
+
+    slots, offsets = [], []
+    for rid, p, n in zip(req_ids, starts, lens):
+        if rid not in st.gap_start:
+            st.gap_start[rid] = p
+            slot = st._new_slot(rid)
+        else:
+            slot = st.slot[rid]
+        base = p - st.gap_start[rid]
+        slots.extend([slot] * n)
+        offsets.extend(range(base, base + n))
+        st.written_end[rid] = p + n
+    total = len(offsets)
+    index = (torch.tensor(slots, device=hidden.device), torch.tensor(offsets, device=hidden.device))
+    st.hidden.index_put_(index, hidden[:total])
+    st.tokens.index_put_(index, tokens[:total].to(st.tokens.dtype))
+
+
+def _catch_up_pass(proposer, st: State, piece, req_ids, starts, qsl, args, run_pass) -> None:
+    """One K = 0 head pass over stashed positions [a, e) of each (row, a, e) in `piece`."""
+    import torch
+
+    cad, step_tokens = args["common_attn_metadata"], args["target_token_ids"]
+    device = step_tokens.device
+    toks, hids, poss, nexts, qlens, seq_lens = [], [], [], [], [], []
+    for row, a, e in piece:
+        rid = req_ids[row]
+        slot, g = st.slot[rid], st.gap_start[rid]
+        toks.append(st.tokens[slot, a - g:e - g])
+        hids.append(st.hidden[slot, a - g:e - g])
+        poss.append(torch.arange(a, e, dtype=args["target_positions"].dtype, device=device))
+        # The token after the piece: stashed (valid below the step's start) or the step's first input.
+        nexts.append(st.tokens[slot, e - g:e - g + 1] if e < starts[row] else step_tokens[qsl[row]:qsl[row] + 1])
+        qlens.append(e - a)
+        seq_lens.append(e)
+    rows_cpu = torch.tensor([row for row, _, _ in piece])
+    rows = rows_cpu.to(cad.block_table_tensor.device)
+    qsl_cpu = torch.zeros(len(piece) + 1, dtype=cad.query_start_loc_cpu.dtype)
+    qsl_cpu[1:] = torch.cumsum(torch.tensor(qlens), 0)
+    num_tokens = int(qsl_cpu[-1])
+    seq_lens_cpu = torch.tensor(seq_lens, dtype=cad.seq_lens.dtype)
+    sub = cad.replace(
+        query_start_loc=qsl_cpu.to(device=cad.query_start_loc.device, dtype=cad.query_start_loc.dtype),
+        query_start_loc_cpu=qsl_cpu,
+        seq_lens=seq_lens_cpu.to(cad.seq_lens.device),
+        seq_lens_cpu_upper_bound=seq_lens_cpu,
+        num_reqs=len(piece), num_actual_tokens=num_tokens,
+        max_query_len=max(qlens), max_seq_len=max(seq_lens),
+        block_table_tensor=cad.block_table_tensor[rows],
+        slot_mapping=torch.zeros(num_tokens, dtype=cad.slot_mapping.dtype, device=cad.slot_mapping.device),
+        causal=True, positions=None, is_prefilling=None,
+        req_idx=None if cad.req_idx is None else cad.req_idx[rows_cpu.numpy()],
+        logits_indices_padded=None, num_logits_indices=None, max_logits_per_req=None,
+        _num_computed_tokens_cache=None, _token_to_req_indices_cache=None,
+    )
+    next_ids = args["next_token_ids"]
+    run_pass(0, target_token_ids=torch.cat(toks).to(step_tokens.dtype), target_positions=torch.cat(poss),
+             target_hidden_states=torch.cat(hids), next_token_ids=torch.cat(nexts).to(next_ids.dtype),
+             token_indices_to_sample=None, common_attn_metadata=sub,
+             sampling_metadata=args["sampling_metadata"], mm_embed_inputs=None,
+             num_rejected_tokens_gpu=None, slot_mappings=None)
+    st.counters["catchup_passes"] += 1
+    st.counters["catchup_tokens"] += num_tokens
+
+
+def skip_possible(runner: Any) -> str | None:
+    """Why this runner never skips (None: it may)."""
+    if getattr(runner, "use_async_scheduling", False):
+        return "async scheduling (the CPU-side positions are optimistic)"
+    if runner.parallel_config.data_parallel_size > 1:
+        return "data parallel > 1 (a skip would desync the ranks' collectives)"
+    return None
+
+
+def _wrap_runner(fn):
+    def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
+        from actors import any_k
+
+        drafter = getattr(self, "drafter", None)
+        if drafter is None or not any_k.applies(drafter) or skip_possible(self) is not None:
+            return fn(self, scheduler_output, *args, **kwargs)
+        st = state_for(drafter)
+        st.forget(set(scheduler_output.finished_req_ids) | set(scheduler_output.preempted_req_ids or ()))
+        # and any request the batch no longer holds (its finish may have come on a step
+        # that ran no drafter), so stash slots cannot leak
+        st.forget([rid for rid in st.slot if rid not in self.input_batch.req_id_to_index])
+        st.step = (scheduler_output, self.input_batch)
+        try:
+            return fn(self, scheduler_output, *args, **kwargs)
+        finally:
+            st.step = None
+    propose_draft_token_ids._peagle_k0 = True
+    return propose_draft_token_ids
+
+
+def _utility(core: Any, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Engine-core utility: apply `settings` (any of catch_up: bool, skip: bool,
+    stash_tokens: int, reset: bool, force_k_cycle: list[int] | None, record_drafts: bool,
+    inject_fault: bool),
+    return the counters (and the drafts recorded, on record_drafts=False)."""
+    from actors import any_k, step_split
+
+    runner = step_split._runner(core)
+    drafter = getattr(runner, "drafter", None)
+    if drafter is None or not any_k.applies(drafter):
+        raise ValueError("the K=0 skip needs a P-EAGLE drafter (parallel drafting, EAGLE-3 head)")
+    st = state_for(drafter)
+    settings = dict(settings or {})
+    unknown = set(settings) - {"catch_up", "skip", "stash_tokens", "reset", "force_k_cycle", "record_drafts",
+                              "inject_fault"}
+    if unknown:
+        raise ValueError(f"unknown K=0 skip settings {sorted(unknown)!r}")
+    if "catch_up" in settings:
+        st.catch_up = bool(settings["catch_up"])
+    if "skip" in settings:
+        st.enabled = bool(settings["skip"])
+        if not st.enabled:
+            st.forget(list(st.slot))
+    if "stash_tokens" in settings:
+        st.forget(list(st.slot))
+        st.width, st.hidden, st.tokens = int(settings["stash_tokens"]), None, None
+    if "inject_fault" in settings:
+        st.fail_next = bool(settings["inject_fault"])
+    if settings.get("reset"):
+        st.counters = dict.fromkeys(COUNTERS, 0)
+    if "force_k_cycle" in settings:
+        sched = core.scheduler
+        base = getattr(sched, "_peagle_k0_saved_lookup", None) or sched.dynamic_sd_lookup
+        if settings["force_k_cycle"]:
+            sched._peagle_k0_saved_lookup = base
+            sched.dynamic_sd_lookup = _Cycle(settings["force_k_cycle"], list(base))
+        elif base is not None:
+            sched.dynamic_sd_lookup, sched._peagle_k0_saved_lookup = base, None
+    drafts = _record_drafts(core, settings["record_drafts"]) if "record_drafts" in settings else None
+    return {"enabled": st.enabled, "drafts": drafts, "catch_up": st.catch_up, "why_never": skip_possible(runner),
+            "stash_tokens": None if st.hidden is None else st.hidden.shape[1],
+            "open_gaps": len(st.gap_start), **st.counters}
+
+
+def _record_drafts(core: Any, on: bool) -> list[list] | None:
+    """Test-only: record each request's drafts by (prompt, position of the first draft),
+    keys that do not depend on timing; `on=False` stops and returns the records."""
+    sched = core.scheduler
+    records = getattr(sched, "_peagle_k0_drafts", None)
+    if records is not None:
+        del sched.update_draft_token_ids, sched._peagle_k0_drafts  # the class's method shows through
+    if not on:
+        return [[h, pos, drafts] for (h, pos), drafts in (records or {}).items()]
+    records, update = {}, sched.update_draft_token_ids
+
+    def recording(draft_token_ids):
+        for req_id, ids in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
+            req = sched.requests.get(req_id)
+            if req is not None and not req.is_finished() and not req.is_prefill_chunk and len(ids):
+                records[(hash(tuple(req.prompt_token_ids)), req.num_tokens)] = [int(t) for t in ids]
+        return update(draft_token_ids)
+
+    sched.update_draft_token_ids, sched._peagle_k0_drafts = recording, records
+    return None
+
+
+def install() -> None:
+    """Chained from `actors.any_k.install`: the runner wrapper and the utility method."""
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if not getattr(GPUModelRunner.propose_draft_token_ids, ATTR, False):
+        GPUModelRunner.propose_draft_token_ids = _wrap_runner(GPUModelRunner.propose_draft_token_ids)
+    if getattr(EngineCore, METHOD, None) is None:
+        setattr(EngineCore, METHOD, _utility)

@@ -1,0 +1,40 @@
+"""How a P-EAGLE K=0 skip's stashed gaps are cut into catch-up passes, and the test-only
+per-step K cycle (actors.k0_skip): plain numbers, no engine. The engine-level proof
+(lossless, no head forward on skipped steps, acceptance after a gap = without one) is
+in tests/integration/test_k0_skip.py."""
+
+import pytest
+
+from actors.k0_skip import _Cycle, plan_passes
+
+pytestmark = pytest.mark.unit
+
+
+def test_gaps_that_fit_run_as_one_pass_with_one_piece_per_request():
+    assert plan_passes([(0, 10, 14), (3, 7, 9)], max_tokens=16) == [[(0, 10, 14), (3, 7, 9)]]
+
+
+def test_a_long_gap_is_split_across_passes_in_position_order():
+    passes = plan_passes([(0, 0, 10), (1, 5, 8)], max_tokens=4)
+    assert passes == [[(0, 0, 4)], [(0, 4, 8)], [(0, 8, 10), (1, 5, 7)], [(1, 7, 8)]]
+    for p in passes:
+        assert sum(e - a for _, a, e in p) <= 4
+        assert len({row for row, _, _ in p}) == len(p)  # a request at most once per pass
+    covered = {}
+    for p in passes:
+        for row, a, e in p:
+            assert covered.get(row, a) == a  # each piece starts where the last one ended
+            covered[row] = e
+    assert covered == {0: 10, 1: 8}
+
+
+def test_empty_gaps_run_nothing_and_a_zero_budget_is_refused_by_value():
+    assert plan_passes([(0, 5, 5)], max_tokens=8) == []
+    with pytest.raises(ValueError, match="got 0"):
+        plan_passes([(0, 0, 1)], max_tokens=0)
+
+
+def test_a_forced_k_cycle_answers_every_batch_size_in_turn_and_keeps_the_table_for_slices():
+    lookup = _Cycle([4, 0, 0], base=[4] * 33)
+    assert [lookup[b] for b in (1, 7, 32, 5)] == [4, 0, 0, 4]
+    assert lookup[1:3] == [4, 4]
