@@ -151,6 +151,7 @@ class LiveSpecController:
         self.errors = 0
         self.started_at_s = clock()
         self.timeline: list[list[float]] = []  # [seconds since start, running requests, K in force]
+        self.steps_by_k: dict[int, int] = {}  # every engine step with requests, by the K it ran
         self._timeline_stride = 1
         self._intervals_seen = 0
         self.all_off_since: float | None = None  # clock time the decided table went all K=0
@@ -208,6 +209,8 @@ class LiveSpecController:
             return  # an operator's restart is under way: no table to put in force meanwhile
         self._resync_after_restart()
         window = self.measure()
+        for k, n in window.get("num_steps_by_k", {}).items():
+            self.steps_by_k[int(k)] = self.steps_by_k.get(int(k), 0) + int(n)
         speculating = self.engine.speculating
         self._observe_busy(window, speculating)
         # Context per request as the engine ran (a plain engine's steps are dropped below).
@@ -456,6 +459,7 @@ class LiveSpecController:
             "capacity": None,
             "advice": None,
             "timeline": [list(p) for p in self.timeline],  # [s, running requests, K in force, speculating]
+            "steps_by_k": dict(sorted(self.steps_by_k.items())),  # engine steps run at each K, so far
             "replacement": self.replacement_reason if self.replacement_enabled else "disabled",
             "restarts": getattr(self.engine, "num_restarts", len(self.restarts)),
             "recent_restarts": list(self.restarts),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from configs.sandbox_limits import MiB, SandboxLimits
 
@@ -148,8 +148,9 @@ class SpecConfig(StrictModel):
     controller: SpecControllerConfig | None = Field(
         None,
         description="Load-aware K: start the engine at num_speculative_tokens (K_max) and "
-        "let the controller choose K per batch size from measurements. Omit for a fixed K "
-        "(or a fixed `schedule`).",
+        "let the controller choose K per batch size from measurements. Every preset turns it "
+        "on; `engine.spec.controller=off` (or false/null) turns it off for a fixed K (or a "
+        "fixed `schedule`).",
     )
     ngram_min: int = Field(
         1, ge=1, description="ngram only: shortest prompt n-gram to match (tokens)."
@@ -157,6 +158,14 @@ class SpecConfig(StrictModel):
     ngram_max: int = Field(
         4, ge=1, description="ngram only: longest prompt n-gram to match (tokens)."
     )
+
+    @field_validator("controller", mode="before")
+    @classmethod
+    def _controller_off(cls, value: Any) -> Any:
+        """`controller: off` (YAML reads it as false), "off", false or null: no controller."""
+        if value is False or value is None or (isinstance(value, str) and value.strip().lower() in ("off", "false", "none", "null")):
+            return None
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> "SpecConfig":

@@ -115,6 +115,7 @@ def controller_summary(per_engine: dict[str, dict[str, Any]]) -> dict[str, Any] 
         return None
     return {key: {"engine": c.get("engine"), "k_in_force": c["k_in_force"], "table": c.get("table"),
                   "schedule": c["schedule"], "changes": c["changes"], "probes": c.get("probes"),
+                  "steps_by_k": c.get("steps_by_k", {}),
                   "reason": c["reason"], "recent_changes": c["recent_changes"][-5:],
                   "restarts": c.get("restarts", 0), "recent_restarts": c.get("recent_restarts", [])[-5:],
                   "replacement": c.get("replacement"), "capacity": c.get("capacity"), "advice": c.get("advice")}

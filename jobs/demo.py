@@ -279,6 +279,24 @@ def speculation_gain(cluster: LocalRayCluster, job_args: list[str]) -> str | Non
     return line
 
 
+def controller_lines(engines: dict[str, dict[str, Any]] | None) -> list[str]:
+    """What the load-aware controller chose over the job: the share of engine steps run at
+    each K (all engines together), and each engine's batch-size -> K table at the end."""
+    if not engines:
+        return []
+    steps: dict[int, int] = {}
+    for c in engines.values():
+        for k, n in (c.get("steps_by_k") or {}).items():
+            steps[int(k)] = steps.get(int(k), 0) + int(n)
+    total = sum(steps.values())
+    share = ", ".join(f"K={k} {100 * n / total:.0f}%" for k, n in sorted(steps.items())) if total else "no steps seen"
+    lines = [f"controller: engine steps by K: {share} ({total} steps)"]
+    for name, c in sorted(engines.items()):
+        table = " ".join(f"{lo}-{hi}:K={k}" for lo, hi, k in (c.get("table") or c.get("schedule") or []))
+        lines.append(f"  {name}: batch size -> K {table or '(plain engine)'}; {c.get('reason') or ''}"[:300])
+    return lines
+
+
 def show_outputs(s3: LocalS3, output: str, gain: str | None = None) -> None:
     fs = s3.filesystem()
     root = output[len("s3://"):]
@@ -293,6 +311,8 @@ def show_outputs(s3: LocalS3, output: str, gain: str | None = None) -> None:
     print(f"speculation {spec['method']} K={spec['num_speculative_tokens']} | mean acceptance length "
           f"{length:.2f} | per position {spec['acceptance_per_pos']}" if length else
           f"speculation {spec['method']}: no drafts")
+    for line in controller_lines(spec.get("controller")):
+        print(line)
     if gain:
         print(gain)
     first = sorted(fs.find(f"{root}/results"))[0]

@@ -10,7 +10,8 @@ runs in one Ray task holding the resource plan's resources (a GPU where the pres
 one), the two engines one after the other, so they never share a device.
 
 Concurrency 1 is where speculation pays most (published: P-EAGLE +22% over EAGLE-3 at one
-request, +2% at 128); under batch load the speculation controller decides instead. One
+request, +2% at 128). With the preset's load-aware controller (on by default) the line names
+the K it put in force; at K=0 (drafting off where it does not pay) the ratio is ~1.0. One
 short run: on a shared machine the ratio moves by ±10% from run to run.
 """
 
@@ -41,10 +42,14 @@ async def _one_at_a_time(engine, prompts: Sequence[str], max_tokens: int) -> dic
         tokens += r["num_output_tokens"]
     elapsed = time.monotonic() - started
     after = engine.stats.as_dict()
+    control = engine.spec_control_state()  # None: K fixed
     drafts = after["num_drafts"] - before["num_drafts"]
     accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
     return {"tokens_per_s": tokens / elapsed, "output_tokens": tokens, "seconds": elapsed,
-            "acceptance_length": 1 + accepted / drafts if drafts else None, "token_ids": token_ids}
+            "acceptance_length": 1 + accepted / drafts if drafts else None, "token_ids": token_ids,
+            # What the load-aware controller put in force for one request at a time.
+            "controller_k": control["k_in_force"] if control else None,
+            "controller_reason": control["reason"] if control else None}
 
 
 def run_engine(cfg: AppConfig, prompts: Sequence[str], max_tokens: int) -> dict[str, Any]:
@@ -75,7 +80,10 @@ def report(result: dict[str, Any]) -> str:
     length = f", acceptance length {w['acceptance_length']:.2f}" if w["acceptance_length"] else ""
     same = ("greedy outputs identical" if result["all_identical"] else
             f"ONLY {result['identical_outputs']} of {result['prompts']} greedy outputs identical")
-    return (f"speculation at concurrency 1 ({result['method']} K={result['num_speculative_tokens']}{length}): "
+    k_max = result["num_speculative_tokens"]
+    depth = (f"K={k_max}" if w.get("controller_k") is None else
+             f"controller chose K={w['controller_k']} of 0..{k_max}")
+    return (f"speculation at concurrency 1 ({result['method']} {depth}{length}): "
             f"{w['tokens_per_s']:.1f} vs {wo['tokens_per_s']:.1f} output tok/s without, "
             f"{result['speedup']:.2f}x; {same} ({result['prompts']} prompts x {result['max_tokens']} tokens)")
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 PROMPTS = [{"id": r["id"], "prompt": r["prompt"], "max_tokens": 16 + 4 * i}
            for i, r in enumerate(humaneval_requests(limit=12))]
 BASE = ["sampling.temperature=0", "engine.max_num_seqs=16"]
-CONTROLLED = [*BASE, "engine.spec.controller.calibration=cpu-tiny",
+CONTROLLED = [*BASE, "engine.spec.controller.calibration=cpu-tiny", "engine.spec.controller.replacement.enabled=true",
               "engine.spec.controller.interval_s=3600"]  # the tests drive the controller themselves
 
 

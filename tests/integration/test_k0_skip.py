@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 K_MAX = 4
 PROMPTS = [{"id": r["id"], "prompt": r["prompt"], "max_tokens": 8 + 8 * i}
            for i, r in enumerate(humaneval_requests(limit=12))]
-BASE = ["sampling.temperature=0", "engine.max_num_seqs=32"]
+BASE = ["sampling.temperature=0", "engine.max_num_seqs=32", "engine.spec.controller=off"]  # the test sets K
 PEAGLE = [*BASE, f"engine.spec.num_speculative_tokens={K_MAX}", f"engine.spec.schedule=[[1,32,{K_MAX}]]"]
 SWITCHING = [4, 2, 0, 0, 3, 1, 0, 4, 0, 0, 0, 2]
 SPELLS = [4, 0, 0, 0, 0, 0, 0, 0, 0]  # one drafting step, then eight skipped ones

@@ -28,7 +28,7 @@ K_MAX = 4
 # Different lengths, so the running batch falls 12 -> 1 as requests finish.
 PROMPTS = [{"id": r["id"], "prompt": r["prompt"], "max_tokens": 8 + 8 * i}
            for i, r in enumerate(humaneval_requests(limit=12))]
-BASE = ["sampling.temperature=0", "engine.max_num_seqs=32"]
+BASE = ["sampling.temperature=0", "engine.max_num_seqs=32", "engine.spec.controller=off"]  # the test sets K
 PEAGLE = [*BASE, f"engine.spec.num_speculative_tokens={K_MAX}", f"engine.spec.schedule=[[1,32,{K_MAX}]]"]
 EAGLE3 = [*PEAGLE, "engine.spec.method=eagle3", "engine.spec.head=artifacts/tiny/eagle3-head"]
 

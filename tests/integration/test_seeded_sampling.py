@@ -44,7 +44,8 @@ def test_seeded_requests_under_chunked_prefill_with_speculation_keep_the_engine_
     """The black-box failure: P-EAGLE, a step budget that splits prompts (as the Serve
     preset's 128 tokens does under load), every fifth request seeded. It killed the
     engine core ("CPU Generator does not use offset") and every request in flight."""
-    engine = loop.start_engine(["engine.max_num_batched_tokens=64", "engine.max_num_seqs=32"])
+    engine = loop.start_engine(["engine.max_num_batched_tokens=64", "engine.max_num_seqs=32",
+                                 "engine.spec.controller=off"])  # K fixed: seeded samples depend on it
     try:
         async def run():
             def row(i):
@@ -81,7 +82,7 @@ def test_sampled_speculation_accepts_drafts_and_keeps_the_target_distribution(ti
     tokens at each drafted position come as often as without speculation (with NaN the
     positions held tokens drawn from nothing)."""
     samples = {}
-    for name, spec in (("plain", ["engine.spec={method: none}"]), ("peagle", [])):
+    for name, spec in (("plain", ["engine.spec={method: none}"]), ("peagle", ["engine.spec.controller=off"])):
         engine = loop.start_engine([*spec, "engine.max_num_seqs=32"])
         try:
             async def run():

@@ -43,7 +43,7 @@ MIN_CALIBRATION_DRAFTS = 2000
 
 
 def _generate(overrides: list[str], requests: list[dict]) -> tuple[dict[str, dict], SpecDecodeStats]:
-    cfg = load_config("tiny", overrides)
+    cfg = load_config("tiny", ["engine.spec.controller=off", *overrides])  # K=4 throughout
     engine = Engine(cfg.engine, cfg.sampling)
 
     async def run_all():

@@ -84,7 +84,7 @@ def test_the_plan_for_a_gpu_preset_comes_from_its_calibration_and_sizes_nodes():
 
 def test_a_deadline_without_a_calibration_is_refused_naming_it():
     with pytest.raises(ConfigError, match=r"pool.deadline_hours \(3.0\) needs a calibration"):
-        load_config("gpt-oss-20b-b200", ["pool.deadline_hours=3"])
+        load_config("gpt-oss-20b-b200", ["engine.spec.controller=off", "pool.deadline_hours=3"])
     with pytest.raises(ValueError, match=r"pool.calibration='no-such' is neither a .json file nor one of \["):
         resource_plan(load_config("tiny", ["pool.calibration=no-such"]), 10)
 
@@ -104,7 +104,7 @@ def test_dry_run_with_rows_prints_the_estimate_and_without_a_calibration_says_wh
     plan = json.loads(proc.stdout)["resource_plan"]
     assert (plan["min_actors"], plan["max_actors"], plan["nodes_for_max_actors"]) == (128, 128, 16)
     assert run_codegen_cli("--config", "tiny", "--dry-run", "--nodes", "2").returncode == 2  # a CPU pool has no nodes to fill
-    proc = run_codegen_cli("--config", "gpt-oss-20b-b200", "--dry-run", "--rows", "10")
+    proc = run_codegen_cli("--config", "gpt-oss-20b-b200", "--dry-run", "--rows", "10", "engine.spec.controller=off")
     assert proc.returncode == 2 and "--rows 10 needs" in proc.stderr and "pool.calibration" in proc.stderr
 
 
@@ -118,8 +118,9 @@ def test_rows_are_counted_as_the_reader_reads_them(tmp_path):
 
 
 def test_the_estimate_runs_the_k_the_preset_runs_at_a_full_batch():
-    assert resource_plan(load_config("tiny"), 100).capacity["engine_num_speculative_tokens"] == 4
-    scheduled = load_config("tiny", ["engine.spec.schedule=[[1,8,4],[9,32,0]]"])  # drafting off past 8
+    fixed = ["engine.spec.controller=off"]  # the preset's controller would choose K itself
+    assert resource_plan(load_config("tiny", fixed), 100).capacity["engine_num_speculative_tokens"] == 4
+    scheduled = load_config("tiny", [*fixed, "engine.spec.schedule=[[1,8,4],[9,32,0]]"])  # drafting off past 8
     off = resource_plan(scheduled, 100).capacity
     assert off["engine_num_speculative_tokens"] == 0 and off["engine_batch_size"] == 32
     plain = resource_plan(load_config("tiny", ["engine.spec.method=none"]), 100).capacity
@@ -130,7 +131,8 @@ def test_the_estimate_runs_the_k_the_preset_runs_at_a_full_batch():
 def test_a_batch_job_starts_its_engines_without_the_drafter_where_that_is_faster_kept_full():
     # cpu-tiny: the tiny head's drafter costs half a step, so at a full batch of 32 the
     # engine is faster plain; the controller may restart it back, so the plan starts it plain.
-    cfg = load_config("tiny", ["engine.spec.controller.calibration=cpu-tiny"])
+    cfg = load_config("tiny", ["engine.spec.controller.calibration=cpu-tiny",
+                               "engine.spec.controller.replacement.enabled=true"])
     plan = resource_plan(cfg, 100)
     assert plan.capacity["engine_drafter"] is False and plan.engines_start_plain
     assert "engines start without the drafter" in plan.describe()

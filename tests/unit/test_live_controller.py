@@ -31,6 +31,7 @@ CONTEXT_PER_REQ = 200.0
 OVERRIDES = [
     "engine.max_num_seqs=16",
     "engine.spec.controller.calibration=cpu-tiny",
+    "engine.spec.controller.replacement.enabled=true",  # the preset keeps the drafter on CPU
     "engine.spec.controller.acceptance_prior=[0.95, 0.9, 0.85, 0.8]",  # told: drafts pay
 ]
 
