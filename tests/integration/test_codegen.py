@@ -54,7 +54,8 @@ def bucket(s3):
 
 def test_164_humaneval_rows_in_164_results_out_matched_by_custom_id(s3, bucket, ray_local, tiny_models):
     problems = _upload_humaneval(s3, f"{bucket}/he/in", num_shards=4)
-    summary = run_codegen(_cfg(s3, f"{bucket}/he/in", f"{bucket}/he/out", "sampling.max_tokens=16"))
+    summary = run_codegen(_cfg(s3, f"{bucket}/he/in", f"{bucket}/he/out", "sampling.max_tokens=16",
+                               "engine.spec.controller=off"))  # K=4 throughout: the summary's fixed-K case
     results = _outputs(s3, f"{bucket}/he/out", "results")
     assert sorted(r["custom_id"] for r in results) == sorted(p["task_id"] for p in problems)
     assert _outputs(s3, f"{bucket}/he/out", "errors") == []
@@ -104,7 +105,8 @@ def test_a_job_whose_engines_run_faster_plain_starts_them_without_the_drafter(s3
     # and the controller may bring the drafter back: the plan starts the engine plain.
     problems = _upload_humaneval(s3, f"{bucket}/plain/in", num_shards=2, limit=16)
     run_codegen(_cfg(s3, f"{bucket}/plain/in", f"{bucket}/plain/out", "sampling.max_tokens=8",
-                     "engine.spec.controller.calibration=cpu-tiny"))
+                     "engine.spec.controller.calibration=cpu-tiny",
+                     "engine.spec.controller.replacement.enabled=true"))  # the tiny preset keeps its drafter
     stored = json.loads(s3.filesystem().cat_file(f"{bucket}/plain/out/_summary.json"))
     assert stored["rows_ok"] == 16 and stored["reconciled"]
     assert sorted(r["custom_id"] for r in _outputs(s3, f"{bucket}/plain/out", "results")) == sorted(
