@@ -48,8 +48,7 @@ async def _one_at_a_time(engine, prompts: Sequence[str], max_tokens: int) -> dic
     return {"tokens_per_s": tokens / elapsed, "output_tokens": tokens, "seconds": elapsed,
             "acceptance_length": 1 + accepted / drafts if drafts else None, "token_ids": token_ids,
             # What the load-aware controller put in force for one request at a time.
-            "controller_k": control["k_in_force"] if control else None,
-            "controller_reason": control["reason"] if control else None}
+            "controller_k": control["k_in_force"] if control else None}
 
 
 def run_engine(cfg: AppConfig, prompts: Sequence[str], max_tokens: int) -> dict[str, Any]:

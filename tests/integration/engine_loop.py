@@ -6,6 +6,7 @@ an engine must live on one loop for its whole life: this keeps that loop in a th
 
 import asyncio
 import threading
+import time
 
 from actors.engine import Engine
 from configs import load_config
@@ -31,3 +32,12 @@ class LoopThread:
     def close(self):
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+
+async def wait_until(predicate, what: str, timeout_s: float = 120.0, poll_s: float = 0.005) -> None:
+    """Poll `predicate` on the engine's loop until it holds; fail naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(poll_s)

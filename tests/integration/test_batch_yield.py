@@ -3,25 +3,16 @@ goes on from its prompt plus the tokens it had, and ends with the very text it w
 had without the pause (greedy, P-EAGLE on)."""
 
 import asyncio
-import time
 
 import pytest
 
+from engine_loop import wait_until
 from serving.batch_gate import BatchGate
 
 pytestmark = pytest.mark.integration
 
 PROMPTS = ["def fibonacci(n):", "import os\n\ndef walk(path):", "class Stack:\n    def __init__(self):",
            "def is_prime(n):\n    \"\"\"Return True if n is prime.\"\"\""]
-WAIT_S = 120
-
-
-async def wait_until(predicate, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 def test_paused_batch_rows_end_with_the_text_they_would_have_had(tiny_models, loop):

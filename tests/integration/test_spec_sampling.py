@@ -33,10 +33,11 @@ seeded, the step sequence, and so every sample and statistic, is the same on eve
 """
 
 import asyncio
-import time
 from collections import Counter
 
 import pytest
+
+from engine_loop import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +52,6 @@ MIN_EXPECTED = 5  # per cell of a chi-square table; rarer tokens are pooled
 FAMILY_ALPHA = 1e-3
 NUM_COMPARISONS = 2 * (NUM_TOKENS + 2)  # two arms x (each position + two joint prefixes)
 ALPHA = FAMILY_ALPHA / NUM_COMPARISONS
-WAIT_S = 120
 
 BASE = ["engine.max_num_seqs=32", "engine.spec.controller=off"]  # the test sets K
 PEAGLE = [*BASE, f"engine.spec.num_speculative_tokens={K_MAX}", f"engine.spec.schedule=[[1,32,{K_MAX}]]"]
@@ -115,13 +115,6 @@ def _groups(first_seed: int) -> list[list[dict]]:
     return groups
 
 
-async def _wait_until(predicate, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
-        await asyncio.sleep(0.002)
-
 
 async def _generate_group(engine, rows: list[dict]) -> list[dict]:
     """Generate `rows` admitted at one scheduler step, in order: the scheduler is paused
@@ -133,7 +126,7 @@ async def _generate_group(engine, rows: list[dict]) -> list[dict]:
     try:
         for row in rows:
             tasks.append(asyncio.ensure_future(engine.generate(row)))
-            await _wait_until(lambda: llm.get_num_unfinished_requests() == len(tasks) or tasks[-1].done(),
+            await wait_until(lambda: llm.get_num_unfinished_requests() == len(tasks) or tasks[-1].done(),
                               f"request {row['id']} to reach the engine")
     finally:
         await llm.resume_generation()
