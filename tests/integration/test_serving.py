@@ -236,12 +236,12 @@ def test_replica_controller_state_and_capacity_reach_stats_and_prometheus(app_ur
     assert any('table="in_force"' in line and f'batch_size="{engine.max_num_seqs}"' in line for line in k_lines)
     # The same, for a person: /ready says what runs and why; /speculation has it all.
     ready = httpx.get(f"{app_url}/ready", timeout=30).json()["speculation"]
-    assert ready["method"] == "peagle" and ready["k_in_force"] in (0, engine.spec.num_speculative_tokens)
+    assert ready["method"] == "peagle" and 0 <= ready["k_in_force"] <= engine.spec.num_speculative_tokens  # per-step K: any depth
     assert ready["table"][0][0] == 1 and ready["reason"]
     full = httpx.get(f"{app_url}/speculation", timeout=30).json()["controller"]
     assert full["interval"] >= 1 and full["timeline"], full
     t, running, k, speculating = full["timeline"][-1]
-    assert t > 0 and running >= 0 and k in (0, engine.spec.num_speculative_tokens) and speculating == 1
+    assert t > 0 and running >= 0 and 0 <= k <= engine.spec.num_speculative_tokens and speculating == 1
 
 
 def wait_for(condition, what: str, errors: list, limit_s: float = 240.0) -> None:
