@@ -28,14 +28,17 @@ demo: install
 serve: install  # Serve's throughput-optimized mode (serving/serve_env.py): replicas also answer on :8001+
 	$(PY) -m serving.serve_env .venv/bin/serve run configs/serve/tiny.yaml
 
-test: install
-	$(PY) -m pytest -q
+# The fast tier first (every test under tests/unit, no Ray, no vLLM; about 1-2 minutes): a
+# failure there stops the run before the integration tier's engine start-ups.
+test: test-fast
+	$(PY) -m pytest -q -m "not unit and not multinode"
 
 test-fast: install
-	$(PY) -m pytest -q -m "unit"
+	$(PY) -m pytest -q -m unit
 
 # Head + two GPU worker nodes on this machine, node loss under Serve and both jobs
-# (tests/integration/test_multinode.py, part of `make test`; about 4 minutes alone).
+# (tests/integration/test_multinode.py; about 4 minutes quiet, 8-13 loaded): its own tier,
+# kept out of `make test` so that the suite stays well inside CI's time.
 test-multinode: install
 	$(PY) -m pytest -q -s tests/integration/test_multinode.py
 
@@ -43,7 +46,7 @@ bench: install
 	$(PY) -m benchmarks.run_all
 
 # Step time vs batch size and K of the tiny preset on THIS machine, fitted into the
-# speculation controller's calibration (2-3 minutes with the plain-engine side, longer under load); see README "Calibration".
+# speculation controller's calibration (2-3 minutes with the plain-engine side, longer under load); see docs/calibration.md.
 calibrate: install
 	$(PY) -m jobs.profile_steps --config tiny --out configs/calibration/cpu-tiny.json \
 		--plot out/calibrate/cpu-tiny.png

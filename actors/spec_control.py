@@ -435,6 +435,13 @@ class LiveSpecController:
             mean_context_tokens_per_req=sum(ctx) / len(ctx) if ctx else 0.0,
         )
 
+    def _steps_by_k_so_far(self) -> dict[int, int]:
+        """The steps of the intervals read and of the window not read yet: a job shorter
+        than one interval has run steps no interval has seen."""
+        unread = getattr(getattr(self.engine, "step_window", None), "num_steps_by_k", {})
+        keys = sorted({*self.steps_by_k, *unread})
+        return {k: self.steps_by_k.get(k, 0) + unread.get(k, 0) for k in keys}
+
     def state(self) -> dict[str, Any]:
         sig = self.engine.signals
         running = int(sig.get("num_running_reqs", 0))
@@ -459,7 +466,7 @@ class LiveSpecController:
             "capacity": None,
             "advice": None,
             "timeline": [list(p) for p in self.timeline],  # [s, running requests, K in force, speculating]
-            "steps_by_k": dict(sorted(self.steps_by_k.items())),  # engine steps run at each K, so far
+            "steps_by_k": self._steps_by_k_so_far(),  # engine steps run at each K, so far
             "replacement": self.replacement_reason if self.replacement_enabled else "disabled",
             "restarts": getattr(self.engine, "num_restarts", len(self.restarts)),
             "recent_restarts": list(self.restarts),

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Literal, Sequence
 
 import numpy as np
@@ -99,6 +100,11 @@ class StepCostModel:
         return (1.0, num_tokens, moe, num_context_tokens, float(k > 0), float(passes), batch_size * k)
 
     def coefficients(self) -> tuple[float, ...]:
+        return self._coefficients
+
+    @cached_property
+    def _coefficients(self) -> tuple[float, ...]:
+        # Cached: the simulator evaluates step_time_s once per simulated step.
         return tuple(float(getattr(self, name)) for name in FEATURE_NAMES)
 
     def with_coefficients(self, values: Sequence[float]) -> "StepCostModel":
@@ -114,7 +120,9 @@ class StepCostModel:
         """Seconds for one engine step: B running requests verifying K drafts each, plus
         `num_prefill_tokens` of prefill batched in, with `num_context_tokens` of KV read."""
         f = self.features(batch_size, num_speculative_tokens, num_context_tokens, num_prefill_tokens)
-        return sum(c * x for c, x in zip(self.coefficients(), f))
+        c = self._coefficients
+        # Written out (not a sum over zip): this runs once per simulated step.
+        return c[0] * f[0] + c[1] * f[1] + c[2] * f[2] + c[3] * f[3] + c[4] * f[4] + c[5] * f[5] + c[6] * f[6]
 
 
 def plain_step_time_s(cost: StepCostModel, batch_size: float, num_context_tokens: float = 0.0) -> float:

@@ -8,7 +8,7 @@ tests set them; `benchmarks.serve_overhead` measures them against Serve's defaul
 Serve's throughput-optimized mode: each replica of an ingress deployment listens on its
 own HTTP port (direct ingress) besides Serve's proxy, Serve's processes talk gRPC, user
 code runs on the replica's main event loop, and the replica's GC is frozen after start-up.
-Measured on this CPU (README, "Speed of the door" under "Online endpoint"): the proxy path
+Measured on this CPU (docs/benchmarks.md, "The online door against `vllm serve`"): the proxy path
 burns about as much CPU as the replica itself, taken from the engine on a CPU-bound host.
 
 No Ray import here: the variables must be set before Serve is imported anywhere.

@@ -1,8 +1,8 @@
 """Across nodes, on a head + GPU worker nodes built on this machine
 (tests/integration/multinode_cluster.py): where engines land, and a worker node lost under
 the Serve app, under the codegen job and under the scoring job. About 4 minutes quiet
-(three rounds of engine start-ups, and their replacements, on one cluster), in `make test`;
-alone: `make test-multinode`. The phases' times are printed (`pytest -s`) as the cluster run reports them.
+(three rounds of engine start-ups, and their replacements, on one cluster; 8-13 minutes on a
+loaded machine), so it runs in `make test-multinode`, not in `make test`. The phases' times are printed (`pytest -s`) as the cluster run reports them.
 
 The Serve phase finds the replica running its long request from the streamed response's
 `x-peagle-replica-pid` header and each replica's node from `handle.stats` asked while both
@@ -23,7 +23,7 @@ import pytest
 from devtools.local_s3 import free_port
 from serving.serve_env import DIRECT_PORT_RANGE_VARS, GRPC_PORT_RANGE_VARS
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.multinode]
 
 PLACEMENT = {
     # TP=2: two engines fill a 4-GPU node; four engines need both nodes.

@@ -15,6 +15,8 @@ from control.capacity import batch_pool_size, full_engine_throughput
 from control.model import StepCostModel
 from pipelines.storage import FsSpec, count_rows, list_shards, read_shard
 
+from calibrations import DRAFTER_PASS
+
 pytestmark = pytest.mark.unit
 
 # Verification cost grows with K x batch: drafting pays for one request, not for a full batch.
@@ -118,20 +120,22 @@ def test_rows_are_counted_as_the_reader_reads_them(tmp_path):
 
 
 def test_the_estimate_runs_the_k_the_preset_runs_at_a_full_batch():
-    fixed = ["engine.spec.controller=off"]  # the preset's controller would choose K itself
+    # The preset's controller would choose K itself; an engine whose K=0 step pays the drafter.
+    fixed = ["engine.spec.controller=off", f"pool.calibration={DRAFTER_PASS}"]
     assert resource_plan(load_config("tiny", fixed), 100).capacity["engine_num_speculative_tokens"] == 4
     scheduled = load_config("tiny", [*fixed, "engine.spec.schedule=[[1,8,4],[9,32,0]]"])  # drafting off past 8
     off = resource_plan(scheduled, 100).capacity
     assert off["engine_num_speculative_tokens"] == 0 and off["engine_batch_size"] == 32
-    plain = resource_plan(load_config("tiny", ["engine.spec.method=none"]), 100).capacity
+    plain = resource_plan(load_config("tiny", ["engine.spec.method=none", f"pool.calibration={DRAFTER_PASS}"]),
+                          100).capacity
     assert plain["engine_num_speculative_tokens"] is None  # no drafter at all
     assert plain["engine_tokens_per_s"] > off["engine_tokens_per_s"]  # the drafter's K=0 pass costs
 
 
 def test_a_batch_job_starts_its_engines_without_the_drafter_where_that_is_faster_kept_full():
-    # cpu-tiny: the tiny head's drafter costs half a step, so at a full batch of 32 the
+    # DRAFTER_PASS: the tiny head's drafter costs half a step, so at a full batch of 32 the
     # engine is faster plain; the controller may restart it back, so the plan starts it plain.
-    cfg = load_config("tiny", ["engine.spec.controller.calibration=cpu-tiny",
+    cfg = load_config("tiny", [f"engine.spec.controller.calibration={DRAFTER_PASS}",
                                "engine.spec.controller.replacement.enabled=true"])
     plan = resource_plan(cfg, 100)
     assert plan.capacity["engine_drafter"] is False and plan.engines_start_plain
@@ -141,7 +145,7 @@ def test_a_batch_job_starts_its_engines_without_the_drafter_where_that_is_faster
     assert started.engine.spec.method == "peagle"  # kept for the way back
     assert cfg.engine.spec.controller.replacement.start_speculating is True  # the job's config untouched
     # No way back (replacement off), no controller, or no work given: the engines keep the drafter.
-    for other in (resource_plan(load_config("tiny", ["engine.spec.controller.calibration=cpu-tiny",
+    for other in (resource_plan(load_config("tiny", [f"engine.spec.controller.calibration={DRAFTER_PASS}",
                                                       "engine.spec.controller.replacement.enabled=false"]), 100),
                   resource_plan(load_config("tiny"), 100), resource_plan(cfg)):
         assert not other.engines_start_plain and other.engine_config(cfg) is cfg
@@ -154,5 +158,5 @@ def test_a_batch_job_starts_its_engines_without_the_drafter_where_that_is_faster
 
 def test_starting_without_the_drafter_needs_a_way_back():
     with pytest.raises(ValueError, match="start_speculating=false needs replacement.enabled=true"):
-        load_config("tiny", ["engine.spec.controller.calibration=cpu-tiny",
+        load_config("tiny", [f"engine.spec.controller.calibration={DRAFTER_PASS}",
                              "engine.spec.controller.replacement={enabled: false, start_speculating: false}"])

@@ -23,14 +23,16 @@ from control.baselines import dense_from_schedule
 from control.calibration import load_calibration
 from control.model import plain_step_time_s, tokens_per_step
 
+from calibrations import DRAFTER_PASS
+
 pytestmark = pytest.mark.unit
 
-CAL = load_calibration("cpu-tiny.json")
+CAL = load_calibration(DRAFTER_PASS)
 RESTART_S = 20.0
 CONTEXT_PER_REQ = 200.0
 OVERRIDES = [
     "engine.max_num_seqs=16",
-    "engine.spec.controller.calibration=cpu-tiny",
+    f"engine.spec.controller.calibration={DRAFTER_PASS}",
     "engine.spec.controller.replacement.enabled=true",  # the preset keeps the drafter on CPU
     "engine.spec.controller.acceptance_prior=[0.95, 0.9, 0.85, 0.8]",  # told: drafts pay
 ]
@@ -467,3 +469,16 @@ def test_a_plain_engine_as_fast_as_calibrated_is_tried_at_most_once():
     assert engine.restarts == [False, True], ctl.state()["replacement"]
     run_until(ctl, engine, clock, 12, lambda: False, 20 * ctl.replacement_config.cooldown_intervals)
     assert engine.restarts == [False, True] and ctl.state()["engine"] == "speculating"
+
+
+def test_steps_by_k_counts_the_steps_no_interval_has_read_yet():
+    # A job shorter than one interval ends before the controller reads a window: what the
+    # engine ran still shows in the state the job's summary carries.
+    ctl, engine, clock = controlled([0.9, 0.8, 0.7, 0.6])
+    assert ctl.state()["steps_by_k"] == {}
+    run(ctl, engine, clock, [1, 1])  # two intervals read: 40 steps each at the table's K for one request
+    k = ctl.state()["k_in_force"]
+    assert ctl.state()["steps_by_k"] == {k: 80}
+    for _ in range(3):  # three steps since, at K=2, not read by any interval
+        engine.step_window.observe_step(0.0, batch_size=1, num_drafts=1, num_draft_tokens=2, accepted_per_pos=[1, 0])
+    assert ctl.state()["steps_by_k"] == {**{k: 80}, 2: 3 + (80 if k == 2 else 0)}
