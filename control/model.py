@@ -104,7 +104,7 @@ class StepCostModel:
 
     @cached_property
     def _coefficients(self) -> tuple[float, ...]:
-        # Cached: the simulator evaluates step_time_s once per simulated step.
+        # Cached: step_time_s runs once per simulated step (control.simulator).
         return tuple(float(getattr(self, name)) for name in FEATURE_NAMES)
 
     def with_coefficients(self, values: Sequence[float]) -> "StepCostModel":
