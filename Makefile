@@ -5,7 +5,7 @@ PIP     := .venv/bin/pip
 STAMP   := .venv/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 EXTRA   ?= cpu
 
-.PHONY: install demo serve test test-fast test-multinode bench calibrate clean
+.PHONY: install demo serve test test-fast test-slow test-multinode bench calibrate clean
 
 install: $(STAMP) artifacts/tiny/build_info.json
 
@@ -31,7 +31,13 @@ serve: install  # Serve's throughput-optimized mode (serving/serve_env.py): repl
 # The fast tier first (every test under tests/unit, no Ray, no vLLM; about 1-2 minutes): a
 # failure there stops the run before the integration tier's engine start-ups.
 test: test-fast
-	$(PY) -m pytest -q -m "not unit and not multinode"
+	$(PY) -m pytest -q -m "not unit and not slow"
+
+# The slow tier: the demo through `ray job submit`, Serve adding a real replica under load,
+# and the multi-node tests (about 20 minutes loaded); kept out of `make test` so that the
+# suite stays inside CI's time on a loaded machine.
+test-slow: install
+	$(PY) -m pytest -q -m "slow and not unit"
 
 test-fast: install
 	$(PY) -m pytest -q -m unit

@@ -2,8 +2,8 @@
 (tests/integration/multinode_cluster.py): where engines land, and a worker node lost under
 the Serve app, under the codegen job and under the scoring job. About 4 minutes quiet
 (three rounds of engine start-ups, and their replacements, on one cluster; 8-13 minutes on a
-loaded machine), so it runs in `make test-multinode`, not in `make test`. The phases' times
-are printed (`pytest -s`) as the cluster run reports them.
+loaded machine), so it runs in `make test-slow` and `make test-multinode`, not in
+`make test`. The phases' times are printed (`pytest -s`) as the cluster run reports them.
 
 The Serve phase finds the replica running its long request from the streamed response's
 `x-peagle-replica-pid` header and each replica's node from `handle.stats` asked while both
