@@ -5,7 +5,7 @@ PIP     := .venv/bin/pip
 STAMP   := .venv/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 EXTRA   ?= cpu
 
-.PHONY: install demo serve test test-fast test-slow test-multinode bench calibrate clean
+.PHONY: install demo serve test test-fast test-slow test-multinode bench calibrate train clean
 
 install: $(STAMP) artifacts/tiny/build_info.json
 
@@ -56,6 +56,14 @@ bench: install
 calibrate: install
 	$(PY) -m jobs.profile_steps --config tiny --out configs/calibration/cpu-tiny.json \
 		--plot out/calibrate/cpu-tiny.png
+
+# One chunk (20 min of wall clock) of the resumable CPU training (models/train_chunks.py):
+# run it again to continue where it stopped; the last chunk writes
+# artifacts/train-chunks/trained/ (export: $(PY) -m models.train_all --out OUT
+# --from-trained artifacts/train-chunks/trained). Needs only the venv, never run by
+# `make install`. Extra flags: make train TRAIN_ARGS="--init artifacts/tiny/target".
+train: $(STAMP)
+	$(PY) -m models.train_chunks --work artifacts/train-chunks --minutes 20 $(TRAIN_ARGS)
 
 clean:  # artifacts/tiny is committed (trained); only scratch goes
 	rm -rf out artifacts/train

@@ -19,6 +19,11 @@ Layouts mirror what vLLM 0.32 feeds the head (`v1/spec_decode/llm_base_proposer.
   fc), attending to pass-0 slots at anchors ≤ a and its own anchor's earlier passes.
 Both predict, at slot (a, d), the target's distribution at position a + d + 1.
 
+One optimizer step of both heads is `heads_step` (its only randomness, P-EAGLE's COD
+slots, comes from the generator it is given; `heads_batch` draws the batch);
+`train_heads` is the one-go loop around it that `models.train_core` runs,
+`models.train_chunks` the resumable one.
+
 Knows nothing about files, tokenizers or vLLM. Needs only torch.
 """
 
@@ -177,6 +182,83 @@ def evaluate(heads: dict, target, embed, batches: list, cfg: HeadConfig, spec, m
     return result
 
 
+def make_eval_sets(target: TinyLlama, val_tokens: torch.Tensor, cfg: HeadConfig,
+                   seed: int) -> dict[str, torch.Tensor]:
+    """Held-out sequences of both kinds, drawn from a generator seeded by seed + 2."""
+    n_eval = max(1, cfg.eval_sequences)
+    eval_gen = torch.Generator().manual_seed(seed + 2)
+    return {
+        "val_corpus": sample_windows(val_tokens, n_eval, cfg.seq_len, eval_gen),
+        "val_generated": generated_pool(target, val_tokens, n_eval, cfg, eval_gen),
+    }
+
+
+def init_heads(target: TinyLlama, pool: torch.Tensor, spec: TinySpec, cfg: HeadConfig,
+               device: torch.device, seed: int) -> dict[str, EagleHead]:
+    """{"peagle", "eagle3"} heads initialised from the target (seeds seed + 10, + 11);
+    mask_hidden's scale is the RMS of the target's aux states on the pool's first batch."""
+    aux0, _ = target_features(target, pool[: cfg.batch_size], spec)
+    heads = {}
+    for i, name in enumerate(("peagle", "eagle3")):
+        head = EagleHead(spec, parallel_drafting=name == "peagle")
+        head.init_from_target(target, seed + 10 + i, float(aux0.pow(2).mean().sqrt()))
+        heads[name] = head.to(device).train()
+    return heads
+
+
+def make_optimizers(heads: dict[str, EagleHead], cfg: HeadConfig) -> dict[str, torch.optim.AdamW]:
+    return {name: torch.optim.AdamW(head.parameters(), lr=cfg.peak_lr, betas=(0.9, 0.95),
+                                    weight_decay=cfg.weight_decay)
+            for name, head in heads.items()}
+
+
+def heads_batch(pool: torch.Tensor, train_tokens: torch.Tensor, cfg: HeadConfig,
+                gen: torch.Generator) -> torch.Tensor:
+    """[batch_size, seq_len]: batch_size // 2 pool sequences, the rest corpus windows."""
+    n_gen = cfg.batch_size // 2
+    picks = torch.randint(0, pool.shape[0], (n_gen,), generator=gen).to(pool.device)
+    return torch.cat([pool[picks], sample_windows(
+        train_tokens, cfg.batch_size - n_gen, cfg.seq_len, gen)])
+
+
+def heads_step(heads: dict[str, EagleHead], optims: dict, target: TinyLlama, ids: torch.Tensor,
+               lr: float, cfg: HeadConfig, spec: TinySpec, mask_id: int,
+               gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """One optimizer step of each head on ids; returns per head the detached row
+    [loss, accuracy at depth 0..K-1]. gen draws P-EAGLE's COD slots (its only randomness)."""
+    device = ids.device
+    embed = target.model.embed_tokens
+    aux, probs = target_features(target, ids, spec)
+    rows = {}
+    for name, head in heads.items():
+        with autocast(device):
+            if name == "peagle":
+                loss, correct, depth = peagle_forward(head, embed, ids, aux, probs, cfg, mask_id, gen)
+            else:
+                loss, correct, depth = eagle3_forward(head, embed, ids, aux, probs, cfg)
+        if name == "peagle":  # mean over slots: COD sampling sets the depth weights
+            loss = loss.float().mean()
+        else:  # one pass per depth, all anchors: equal weights
+            loss = depth_mean(loss, depth, cfg.num_depths).mean()
+        optim = optims[name]
+        for group in optim.param_groups:
+            group["lr"] = lr
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+        optim.step()
+        rows[name] = torch.cat([loss.detach()[None], depth_mean(correct, depth, cfg.num_depths)])
+    return rows
+
+
+def head_loss_summary(losses: list[float]) -> dict:
+    """first_loss / final_loss: means of the first and last 5% of steps (at least one)."""
+    table = torch.tensor(losses, dtype=torch.float32)
+    k = max(1, len(losses) // 20)
+    return {"first_loss": round(float(table[:k].mean()), 4),
+            "final_loss": round(float(table[-k:].mean()), 4)}
+
+
 def train_heads(target: TinyLlama, corpus: dict, spec: TinySpec, cfg: HeadConfig,
                 device: torch.device, seed: int, mask_id: int):
     """Returns ({"peagle": head, "eagle3": head}, metrics)."""
@@ -188,48 +270,16 @@ def train_heads(target: TinyLlama, corpus: dict, spec: TinySpec, cfg: HeadConfig
     started = time.monotonic()
     pool = generated_pool(target, train_tokens, cfg.num_generated, cfg, gen)
     log("heads", f"generated pool {tuple(pool.shape)} in {time.monotonic() - started:.1f}s")
-    n_eval = max(1, cfg.eval_sequences)
-    eval_gen = torch.Generator().manual_seed(seed + 2)
-    eval_sets = {
-        "val_corpus": sample_windows(val_tokens, n_eval, cfg.seq_len, eval_gen),
-        "val_generated": generated_pool(target, val_tokens, n_eval, cfg, eval_gen),
-    }
-    aux0, _ = target_features(target, pool[: cfg.batch_size], spec)
-    heads, optims = {}, {}
-    for i, name in enumerate(("peagle", "eagle3")):
-        head = EagleHead(spec, parallel_drafting=name == "peagle")
-        head.init_from_target(target, seed + 10 + i, float(aux0.pow(2).mean().sqrt()))
-        heads[name] = head.to(device).train()
-        optims[name] = torch.optim.AdamW(head.parameters(), lr=cfg.peak_lr, betas=(0.9, 0.95),
-                                         weight_decay=cfg.weight_decay)
-    n_gen = cfg.batch_size // 2
+    eval_sets = make_eval_sets(target, val_tokens, cfg, seed)
+    heads = init_heads(target, pool, spec, cfg, device, seed)
+    optims = make_optimizers(heads, cfg)
     progress = Progress(cfg.steps, cfg.max_seconds)  # the cap covers the loop, not the pools
     history = {name: [] for name in heads}
     while not progress.done():
         lr = lr_at(progress.fraction, cfg.peak_lr, cfg.warmup_fraction, cfg.final_lr_ratio)
-        picks = torch.randint(0, pool.shape[0], (n_gen,), generator=gen).to(device)
-        ids = torch.cat([pool[picks], sample_windows(
-            train_tokens, cfg.batch_size - n_gen, cfg.seq_len, gen)])
-        aux, probs = target_features(target, ids, spec)
-        for name, head in heads.items():
-            with autocast(device):
-                if name == "peagle":
-                    loss, correct, depth = peagle_forward(head, embed, ids, aux, probs, cfg, mask_id, gen)
-                else:
-                    loss, correct, depth = eagle3_forward(head, embed, ids, aux, probs, cfg)
-            if name == "peagle":  # mean over slots: COD sampling sets the depth weights
-                loss = loss.float().mean()
-            else:  # one pass per depth, all anchors: equal weights
-                loss = depth_mean(loss, depth, cfg.num_depths).mean()
-            optim = optims[name]
-            for group in optim.param_groups:
-                group["lr"] = lr
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
-            optim.step()
-            history[name].append(torch.cat([loss.detach()[None],
-                                             depth_mean(correct, depth, cfg.num_depths)]))
+        ids = heads_batch(pool, train_tokens, cfg, gen)
+        for name, row in heads_step(heads, optims, target, ids, lr, cfg, spec, mask_id, gen).items():
+            history[name].append(row)
         progress.step += 1
         if progress.step % cfg.log_every == 0 or progress.step == 1:
             parts = []
@@ -242,10 +292,7 @@ def train_heads(target: TinyLlama, corpus: dict, spec: TinySpec, cfg: HeadConfig
                "stopped_by_clock": progress.stopped_by_clock,
                "loop_seconds": round(progress.elapsed_s, 1)}
     for name, rows in history.items():
-        table = torch.stack(rows).cpu()
-        k = max(1, len(rows) // 20)
-        metrics[name] = {"first_loss": round(float(table[:k, 0].mean()), 4),
-                         "final_loss": round(float(table[-k:, 0].mean()), 4)}
+        metrics[name] = head_loss_summary(torch.stack(rows).cpu()[:, 0].tolist())
     for set_name, seqs in eval_sets.items():
         batches = list(seqs.split(max(1, cfg.batch_size // 2)))
         for name, values in evaluate(heads, target, embed, batches, cfg, spec, mask_id).items():

@@ -5,6 +5,9 @@ AdamW, warmup + cosine, gradient clipping), the rule that special tokens are nev
 targets (the corpus ends each file with `<|eos|>`, which the model reads as a
 boundary but is never taught to emit, so its generations run to max_tokens as the
 random models' did), and the two perplexities it reports on the held-out split.
+One optimizer step is `target_step` (no randomness of its own: the caller samples
+the windows); `train_target` is the one-go loop around it that `models.train_core`
+runs, `models.train_chunks` the resumable one.
 
 Knows nothing about files, tokenizers, heads or vLLM. Needs only torch.
 """
@@ -82,6 +85,53 @@ def held_out_perplexity(model: TinyLlama, val: torch.Tensor, seq_len: int,
     return math.exp(total / count)
 
 
+def make_optimizer(model: TinyLlama, cfg: TargetConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices only (norm weights are not decayed)."""
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.peak_lr, betas=(0.9, 0.95), eps=1e-8,
+        **({"fused": True} if device.type == "cuda" else {}),
+    )
+
+
+def target_step(model: TinyLlama, optim: torch.optim.Optimizer, windows: torch.Tensor,
+                lr: float, cfg: TargetConfig) -> torch.Tensor:
+    """One optimizer step on windows [B, seq_len + 1] at learning rate lr; returns the
+    detached loss (no host sync). Uses no randomness of its own."""
+    device = windows.device
+    for group in optim.param_groups:
+        group["lr"] = lr
+    with autocast(device):
+        logits, _ = model(windows[:, :-1])
+    loss = F.cross_entropy(logits.float().flatten(0, 1), _targets(windows).flatten(),
+                           ignore_index=IGNORE)
+    optim.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    optim.step()
+    return loss.detach()
+
+
+def loss_summary(losses: list[float]) -> tuple[float, float]:
+    """(first, final): mean of the first 5 losses, mean of the last 5% (at least one)."""
+    head = sum(losses[:5]) / min(5, len(losses))
+    tail = losses[-max(1, len(losses) // 20):]
+    return round(head, 4), round(sum(tail) / len(tail), 4)
+
+
+def evaluate_target(model: TinyLlama, corpus: dict, spec: TinySpec, cfg: TargetConfig) -> dict:
+    """The two held-out perplexities the metrics report."""
+    return {
+        "val_perplexity": round(held_out_perplexity(
+            model, corpus["val"], cfg.seq_len, cfg.eval_windows), 3),
+        "unigram_val_perplexity": round(unigram_perplexity(
+            corpus["train"], corpus["val"], spec.vocab_size), 3),
+    }
+
+
 def train_target(corpus: dict, spec: TinySpec, cfg: TargetConfig, device: torch.device,
                  seed: int) -> tuple[TinyLlama, dict]:
     """Returns the trained model (on device) and a metrics dict."""
@@ -91,51 +141,30 @@ def train_target(corpus: dict, spec: TinySpec, cfg: TargetConfig, device: torch.
     model.init_weights(seed)
     model.to(device).train()
     train_tokens = corpus["train"].to(device)
-    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optim = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.peak_lr, betas=(0.9, 0.95), eps=1e-8,
-        **({"fused": True} if device.type == "cuda" else {}),
-    )
+    optim = make_optimizer(model, cfg, device)
     progress = Progress(cfg.steps, cfg.max_seconds)
     loss_history: list[torch.Tensor] = []  # detached, read once at the end (no per-step sync)
     while not progress.done():
         lr = lr_at(progress.fraction, cfg.peak_lr, cfg.warmup_fraction, cfg.final_lr_ratio)
-        for group in optim.param_groups:
-            group["lr"] = lr
         windows = sample_windows(train_tokens, cfg.batch_size, cfg.seq_len + 1, gen)
-        with autocast(device):
-            logits, _ = model(windows[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), _targets(windows).flatten(),
-                               ignore_index=IGNORE)
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        loss = loss.detach()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optim.step()
+        loss = target_step(model, optim, windows, lr, cfg)
         progress.step += 1
-        loss_history.append(loss.detach())
+        loss_history.append(loss)
         if progress.step % cfg.log_every == 0 or progress.step == 1:
             tok_s = progress.step * cfg.batch_size * cfg.seq_len / progress.elapsed_s
             log("target", f"step {progress.step}/{cfg.steps} loss {loss.item():.3f} "
                 f"lr {lr:.2e} {tok_s / 1e3:.0f}k tok/s {progress.elapsed_s:.0f}s")
     losses = torch.stack(loss_history).float().cpu().tolist()
-    head = sum(losses[:5]) / min(5, len(losses))
-    tail = losses[-max(1, len(losses) // 20):]
+    first_loss, final_loss = loss_summary(losses)
     metrics = {
         "config": asdict(cfg),
         "steps_run": progress.step,
         "stopped_by_clock": progress.stopped_by_clock,
         "seconds": round(progress.elapsed_s, 1),
         "tokens_seen": progress.step * cfg.batch_size * cfg.seq_len,
-        "first_loss": round(head, 4),
-        "final_loss": round(sum(tail) / len(tail), 4),
-        "val_perplexity": round(held_out_perplexity(
-            model, corpus["val"], cfg.seq_len, cfg.eval_windows), 3),
-        "unigram_val_perplexity": round(unigram_perplexity(
-            corpus["train"], corpus["val"], spec.vocab_size), 3),
+        "first_loss": first_loss,
+        "final_loss": final_loss,
+        **evaluate_target(model, corpus, spec, cfg),
     }
     log("target", f"done: {metrics['steps_run']} steps in {metrics['seconds']}s, loss "
         f"{metrics['first_loss']} -> {metrics['final_loss']}, val ppl "
