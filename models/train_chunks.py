@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 from models.data import load_corpus
+from models.layout import sha256_file
 from models.spec import TinySpec
 from models.tokenizer import MASK_TOKEN, SPECIAL_TOKEN_IDS
 from models.torch_head import EagleHead
@@ -349,14 +350,6 @@ def _write_json(path: Path, obj) -> None:
     _write_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _cpu_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().float().cpu().contiguous() for k, v in module.state_dict().items()}
 
@@ -473,7 +466,7 @@ def _prepare_corpus(work: Path, corpus_arg: Path | None, state: dict | None) -> 
     path = work / "corpus.npz"
     if state is None:
         if corpus_arg is not None:
-            if not path.is_file() or _sha256_file(path) != _sha256_file(corpus_arg):
+            if not path.is_file() or sha256_file(path) != sha256_file(corpus_arg):
                 tmp = work / ".tmp-corpus.npz"
                 shutil.copyfile(corpus_arg, tmp)
                 _fsync(tmp)
@@ -488,7 +481,7 @@ def _prepare_corpus(work: Path, corpus_arg: Path | None, state: dict | None) -> 
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: the run's corpus (sha256 "
                                 f"{state['corpus_sha256'][:12]}) must stay in DIR")
-    if corpus_arg is not None and _sha256_file(corpus_arg) != state["corpus_sha256"]:
+    if corpus_arg is not None and sha256_file(corpus_arg) != state["corpus_sha256"]:
         raise ValueError(f"--corpus {str(corpus_arg)!r} is not the corpus this run started with "
                          f"(sha256 {state['corpus_sha256'][:12]})")
     return path
@@ -801,7 +794,7 @@ def run_chunk(work: Path, plan: Plan | None = None, *, minutes: float | None = N
         if init_from is not None:
             init_state = init_target(plan, load_init_state(init_from), grow)
             init = {"from": str(init_from), "sha256": state_fingerprint(init_state)}
-        state = _new_state(plan, _sha256_file(corpus_file), init)
+        state = _new_state(plan, sha256_file(corpus_file), init)
         rt = _fresh_runtime(plan, state, corpus, init_state)
         state["chunks"].append({"threads": threads, "torch": torch.__version__})
         save_checkpoint(work, rt)  # the starting point is on disk before any step
