@@ -40,12 +40,13 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
 
 from models.data import load_corpus
+from models.grow import grow_for_plan
 from models.layout import sha256_file
 from models.spec import TinySpec
 from models.tokenizer import MASK_TOKEN, SPECIAL_TOKEN_IDS
@@ -226,7 +227,18 @@ def cpu_plan(seed: int = 0) -> Plan:
     ))
 
 
-PLANS: dict[str, Callable[[], Plan]] = {"cpu": cpu_plan}
+def deep16_plan(seed: int = 0) -> Plan:
+    """The shape chosen by measurement (docs/tiny-model.md): a 16-layer target grown from
+    the committed 4-layer one (`--init artifacts/tiny/target`, `models.grow`: heads'
+    taps (1, 2, 3) move to (4, 8, 12)), fine-tuned at a lower peak lr than from scratch,
+    and one-layer heads trained against it."""
+    spec = TinySpec(num_hidden_layers=16, aux_layer_ids=(4, 8, 12), peagle_head_num_hidden_layers=1)
+    cpu = cpu_plan(seed)
+    return Plan(name="deep16", spec=spec.to_dict(),
+                phases=(replace(cpu.phases[0], peak_lr=1e-3), cpu.phases[1]))
+
+
+PLANS: dict[str, Callable[[], Plan]] = {"cpu": cpu_plan, "deep16": deep16_plan}
 
 
 def load_plan_arg(value: str) -> Plan:
@@ -889,7 +901,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = load_plan_arg(args.plan) if args.plan is not None else None
         run_chunk(args.work, plan, minutes=args.minutes, max_steps=args.max_steps,
                   init_from=args.init, corpus_path=args.corpus,
-                  save_every_minutes=args.save_every_minutes, threads=args.threads)
+                  save_every_minutes=args.save_every_minutes, threads=args.threads,
+                  grow=grow_for_plan)  # --init FROM shallower than the plan: grown in depth
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
