@@ -16,7 +16,9 @@ form, the rule that makes a step a pure function of (phase seed, phase name, ste
 `init_target` hook (`--init FROM`), and the final `DIR/trained/` in the layout
 `models.train_core` writes (so `models.train_all --from-trained DIR/trained` exports it).
 
-    DIR/plan.json           the plan, written once; a later call naming another plan fails
+    DIR/plan.json           the plan, written once; a later call naming another plan fails,
+                            unless it changes only phases not yet started (then recorded
+                            in the state's `amendments`)
     DIR/corpus.npz          the corpus (copied from --corpus, or made on first use)
     DIR/state.json          phase, step, loss history, chunk log, current checkpoint name
     DIR/ckpt-NNNNNN/        weights + AdamW state as `<stem>.NN.pt` shards (<= 12 MiB);
@@ -234,8 +236,10 @@ def deep16_plan(seed: int = 0) -> Plan:
     and one-layer heads trained against it."""
     spec = TinySpec(num_hidden_layers=16, aux_layer_ids=(4, 8, 12), peagle_head_num_hidden_layers=1)
     cpu = cpu_plan(seed)
+    # Heads trained at 8 depths: serving K up to 7 needs draft positions 5..8 learned,
+    # not extrapolated from a head that only ever saw 4.
     return Plan(name="deep16", spec=spec.to_dict(),
-                phases=(replace(cpu.phases[0], peak_lr=1e-3), cpu.phases[1]))
+                phases=(replace(cpu.phases[0], peak_lr=1e-3), replace(cpu.phases[1], num_depths=8)))
 
 
 PLANS: dict[str, Callable[[], Plan]] = {"cpu": cpu_plan, "deep16": deep16_plan}
@@ -401,6 +405,14 @@ def optim_from_files(optim: torch.optim.Optimizer, tensors: dict[str, torch.Tens
 
 class PlanMismatch(ValueError):
     pass
+
+
+def _only_later_phases_change(old: Plan, new: Plan, state: dict) -> bool:
+    """True when `new` differs from `old` only in phases after the one `state` is in."""
+    current = state["phase_index"]
+    return (old.name == new.name and old.spec == new.spec and len(old.phases) == len(new.phases)
+            and [p.name for p in old.phases] == [p.name for p in new.phases]
+            and old.phases[:current + 1] == new.phases[:current + 1])
 
 
 @dataclass
@@ -782,8 +794,18 @@ def run_chunk(work: Path, plan: Plan | None = None, *, minutes: float | None = N
         stored = Plan.from_dict(json.loads(plan_path.read_text()))
         if plan is not None and plan != stored:
             changes = plan_diff(stored.to_dict(), plan.to_dict())
-            raise PlanMismatch(f"{plan_path} holds another plan; this call would change "
-                               + "; ".join(changes) + " (use a new --work DIR for a new plan)")
+            if state is None or not _only_later_phases_change(stored, plan, state):
+                raise PlanMismatch(f"{plan_path} holds another plan; this call would change "
+                                   + "; ".join(changes) + " (use a new --work DIR for a new plan; "
+                                   "only phases that have not started may change)")
+            # A phase not yet started has computed nothing: changing it leaves every step
+            # run so far as it is, and the run equals one made with the new plan throughout.
+            at = f"{stored.phases[state['phase_index']].name} step {state['step']}"
+            log("chunks", f"plan amended at {at}: " + "; ".join(changes))
+            state.setdefault("amendments", []).append({"at": at, "changes": changes})
+            _write_json(plan_path, plan.to_dict())
+            _write_json(state_path, state)
+            stored = plan
         plan = stored
     else:
         plan = plan or cpu_plan()  # nothing trained yet: a new plan may replace the old

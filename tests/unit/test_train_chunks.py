@@ -225,3 +225,23 @@ def test_init_from_shards_validates_shapes(corpus, tmp_path):
     grown = tc.init_target(bigger, source.state_dict(), grow=lambda plan, state: {
         k: v for k, v in TinyLlama(plan.tiny_spec()).state_dict().items()})
     assert grown["model.layers.0.mlp.up_proj.weight"].shape == (192, 64)
+
+
+def test_a_phase_not_yet_started_may_change_and_the_change_is_recorded(corpus, tmp_path):
+    work = tmp_path / "w"
+    tc.run_chunk(work, _plan(), max_steps=2, corpus_path=corpus)  # in the target phase
+    deeper = _plan()
+    deeper = replace(deeper, phases=(deeper.phases[0], replace(deeper.phases[1], num_depths=4)))
+    state = tc.run_chunk(work, deeper, max_steps=1)
+    assert state["step"] == 3
+    assert tc.Plan.from_dict(json.loads((work / "plan.json").read_text())) == deeper
+    assert state["amendments"] == [{"at": "target step 2", "changes": ["phases[1].num_depths: 3 -> 4"]}]
+    # the heads phase runs as amended: per-depth metrics for 4 depths
+    finished = tc.run_chunk(work, None, max_steps=None)
+    assert finished["finished"]
+    scored = [v for v in finished["metrics"]["heads"]["peagle"].values() if isinstance(v, dict)
+              and "accuracy_per_depth" in v]
+    assert scored and all(len(v["accuracy_per_depth"]) == 4 for v in scored)
+    # once the heads phase has started, it is fixed like the phases before it
+    with pytest.raises(tc.PlanMismatch, match=r"phases\[1\]\.num_depths: 4 -> 3"):
+        tc.run_chunk(work, _plan(), max_steps=1)
