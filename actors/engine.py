@@ -381,6 +381,7 @@ class Engine(EngineLifecycle):
 
     def stats_dict(self) -> dict[str, Any]:
         return {**self.stats.as_dict(), "signals": dict(self.signals), "spec_control": self.spec_control_state(),
+                "startup_s": round(self.startup_s, 2),
                 "num_restarts": self.num_restarts, "num_engine_deaths": self.num_engine_deaths,
                 "num_requests_rerun": self.num_requests_rerun,
                 "num_requests_failed_alone": self.num_requests_failed_alone}

@@ -151,6 +151,9 @@ def capacity_estimate(cfg: AppConfig, num_rows: int) -> dict[str, Any] | None:
         "engine_drafter": engine.drafter,
         "engine_num_speculative_tokens": engine.num_speculative_tokens if engine.drafter else None,
         "engine_tokens_per_s": round(engine.tokens_per_s, 1),
+        # what a prompt token costs in prefill (the calibration's per batched token): the
+        # job's summary adds the prefill of the prompts it actually ran to the paper
+        "prefill_s_per_token": cal.cost.per_token_s,
         "deadline_hours": deadline_h,
         "engines_needed": size.engines_needed,
         "min_actors": size.min_actors,

@@ -153,6 +153,31 @@ def full_engine_throughput(
     return max(options, key=lambda o: o.tokens_per_s)
 
 
+def steady_state_vs_paper(
+    output_tokens: int,
+    prompt_tokens: int,
+    generation_s: float,
+    engine_tokens_per_s: float,
+    prefill_s_per_token: float,
+) -> dict[str, float | None]:
+    """A finished run's steady state against the paper, start-up apart.
+
+    Measured: output tokens over the engines' time generating (each engine's first to last
+    output token, summed over engines; engine start-up and the job's set-up are outside
+    it). Paper, for the same work: the decode at `engine_tokens_per_s` (one engine kept
+    full) plus the prefill of the prompts the run actually had, each prompt token costing
+    `prefill_s_per_token` (the calibration's per batched token). Both per engine."""
+    if engine_tokens_per_s <= 0 or prefill_s_per_token < 0:
+        raise ValueError(f"need engine_tokens_per_s > 0 and prefill_s_per_token >= 0, got "
+                         f"{engine_tokens_per_s!r}, {prefill_s_per_token!r}")
+    paper_s = output_tokens / engine_tokens_per_s + prompt_tokens * prefill_s_per_token
+    paper = output_tokens / paper_s if paper_s > 0 else None
+    measured = output_tokens / generation_s if generation_s > 0 else None
+    return {"paper_tokens_per_s_with_prefill": paper,
+            "measured_steady_engine_tokens_per_s": measured,
+            "steady_vs_paper": measured / paper if measured and paper else None}
+
+
 @dataclass(frozen=True)
 class PoolSize:
     """Engines for a batch of work: the pool's bounds and what they are expected to take."""

@@ -42,7 +42,7 @@ def run_codegen(cfg: AppConfig, stage_cls: type | None = None) -> dict[str, Any]
                         status=lambda engines: _status_line(engines, started))
     summary = build_summary(cfg, run)
     if run.plan.capacity is not None:
-        summary["capacity"] = capacity_summary(run.plan, summary, len(run.todo))
+        summary["capacity"] = capacity_summary(run.plan, summary, len(run.todo), run.engines.per_engine)
     written = write_report(run.store, summary, run.committer.markers, run.started_at,
                            spec_control=run.engines.spec_control())
     if TIMELINE_FILE in written:
@@ -75,19 +75,32 @@ def job_plan(cfg: AppConfig, fs_spec: FsSpec, todo: list[Shard]) -> ResourcePlan
     return plan
 
 
-def capacity_summary(plan: ResourcePlan, summary: dict[str, Any], num_shards_run: int) -> dict[str, Any]:
-    """The estimate on paper next to what this run measured: its hours, and its output
-    tokens/s per engine over the estimate's (engine start-up and prefill included, which
-    the estimate leaves out: the ratio says how far to trust the paper for the next run)."""
+def capacity_summary(plan: ResourcePlan, summary: dict[str, Any], num_shards_run: int,
+                     per_engine: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The estimate on paper next to what this run measured: end to end (its hours, and
+    output tokens/s per engine over the estimate's, engine start-up included), and in
+    steady state (`control.capacity.steady_state_vs_paper`: the engines' time generating
+    against the paper for the same work, the prefill of this run's prompts added), with
+    the engines' start-up apart."""
+    from control.capacity import steady_state_vs_paper
+
     run = summary["this_run"]
     engines = max(1, min(summary["engines"]["num_engines"], plan.max_actors))
-    per_engine = run["output_tokens"] / run["elapsed_s"] / engines if run["elapsed_s"] > 0 else None
+    per_engine_rate = run["output_tokens"] / run["elapsed_s"] / engines if run["elapsed_s"] > 0 else None
+    generation_s = sum(max(0.0, (d.get("last_token_time_s") or 0.0) - (d.get("first_token_time_s") or 0.0))
+                       for d in per_engine.values())
+    startups = [d["startup_s"] for d in per_engine.values() if d.get("startup_s") is not None]
+    steady = steady_state_vs_paper(run["output_tokens"], run["prompt_tokens"], generation_s,
+                                   plan.capacity["engine_tokens_per_s"], plan.capacity["prefill_s_per_token"])
     return {**plan.capacity, "engines_started_plain": plan.engines_start_plain, "shards_run": num_shards_run,
             "shards_to_keep_engines_busy": shards_to_keep_busy(plan.max_actors),
             "measured_hours": round(run["elapsed_s"] / 3600, 4),
             "measured_output_tokens": run["output_tokens"],
-            "measured_engine_tokens_per_s": _sig4(per_engine),
-            "measured_vs_paper": _sig4(per_engine / plan.capacity["engine_tokens_per_s"] if per_engine else None)}
+            "measured_engine_tokens_per_s": _sig4(per_engine_rate),
+            "measured_vs_paper": _sig4(per_engine_rate / plan.capacity["engine_tokens_per_s"] if per_engine_rate else None),
+            "measured_engine_startup_s": _sig4(max(startups)) if startups else None,
+            "measured_generation_s": _sig4(generation_s),
+            **{k: _sig4(v) for k, v in steady.items()}}
 
 
 def _sig4(x: float | None) -> float | None:
@@ -133,6 +146,7 @@ def build_summary(cfg: AppConfig, run) -> dict[str, Any]:
         "output_tokens": tokens["output_tokens"],
         "this_run": {
             "elapsed_s": round(run.elapsed_s, 2),
+            "prompt_tokens": sum(m["prompt_tokens"] for m in run.committer.markers.values()),
             "output_tokens": run_output_tokens,
             "output_tokens_per_s": round(run_output_tokens / run.elapsed_s, 1) if run.elapsed_s > 0 else None,
         },

@@ -85,6 +85,13 @@ def test_summary_reports_what_the_speculation_controller_did(s3, bucket, ray_loc
     assert capacity["shards_run"] == 2 and capacity["shards_to_keep_engines_busy"] == 4  # one engine, 4 blocks at once
     assert capacity["measured_vs_paper"] == pytest.approx(
         capacity["measured_engine_tokens_per_s"] / capacity["engine_tokens_per_s"], rel=0.01)
+    # Steady state, start-up apart: the engine's time generating, within the job's time,
+    # against the paper with this run's prefill added (slower than decode alone).
+    assert 0 < capacity["measured_generation_s"] < stored["this_run"]["elapsed_s"]
+    assert capacity["measured_engine_startup_s"] > 0
+    assert capacity["paper_tokens_per_s_with_prefill"] < capacity["engine_tokens_per_s"]
+    assert capacity["steady_vs_paper"] == pytest.approx(
+        capacity["measured_steady_engine_tokens_per_s"] / capacity["paper_tokens_per_s_with_prefill"], rel=0.01)
     engines = stored["speculation"]["controller"]
     assert engines, "a job with engine.spec.controller reports each engine's controller"
     for c in engines.values():

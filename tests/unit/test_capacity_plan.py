@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from configs import ConfigError, load_config, resource_plan
-from control.capacity import batch_pool_size, full_engine_throughput
+from control.capacity import batch_pool_size, full_engine_throughput, steady_state_vs_paper
 from control.model import StepCostModel
 from pipelines.storage import FsSpec, count_rows, list_shards, read_shard
 
@@ -66,6 +66,21 @@ def test_a_deadline_sizes_the_pool_to_the_engines_it_needs_and_no_more():
     assert unsized.hours_at_min == pytest.approx(5.0)
     with pytest.raises(ValueError, match=r"deadline_s must be > 0, got -1"):
         batch_pool_size(1, 1.0, min_actors=1, max_actors=1, deadline_s=-1)
+
+
+def test_a_run_is_compared_with_the_paper_in_steady_state_with_its_prefill_added():
+    # 1000 output tokens at 100 tok/s on paper is 10 s of decode; 2000 prompt tokens at
+    # 2.5 ms each add 5 s of prefill: 1000 / 15 s on paper for this run's work.
+    got = steady_state_vs_paper(1000, 2000, generation_s=20.0, engine_tokens_per_s=100.0,
+                                prefill_s_per_token=0.0025)
+    assert got["paper_tokens_per_s_with_prefill"] == pytest.approx(1000 / 15)
+    assert got["measured_steady_engine_tokens_per_s"] == pytest.approx(50.0)
+    assert got["steady_vs_paper"] == pytest.approx(50.0 / (1000 / 15))
+    # nothing generated: no measured rate, no ratio
+    none = steady_state_vs_paper(0, 0, 0.0, 100.0, 0.001)
+    assert none["measured_steady_engine_tokens_per_s"] is None and none["steady_vs_paper"] is None
+    with pytest.raises(ValueError, match="-1"):
+        steady_state_vs_paper(1, 1, 1.0, 100.0, -1)
 
 
 def test_the_plan_for_a_gpu_preset_comes_from_its_calibration_and_sizes_nodes():
