@@ -122,11 +122,37 @@ def _validated(model: type, data: dict[str, Any], what: str, prefix: str = ""):
         raise ConfigError(f"{what}:\n" + "\n".join(problems)) from None
 
 
-def load_config(name_or_path: str, overrides: list[str] | None = None) -> AppConfig:
+MAX_EXTENDS_DEPTH = 4
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`, mappings merged key by key, anything else replaced."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) \
+            else copy.deepcopy(value)
+    return out
+
+
+def read_config_data(name_or_path: str, _depth: int = 0) -> dict[str, Any]:
+    """A config file's mapping, with `extends: OTHER` (a preset name or a path) resolved:
+    the file's keys merged on top of OTHER's, so a preset states only what it changes."""
     path = resolve_config_path(name_or_path)
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config {str(path)!r} must be a mapping, got {type(data).__name__}")
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or _depth >= MAX_EXTENDS_DEPTH:
+        raise ConfigError(f"config {str(path)!r}: extends must name one preset or file, at most "
+                          f"{MAX_EXTENDS_DEPTH} deep; got {base!r}")
+    return _merged(read_config_data(base, _depth + 1), data)
+
+
+def load_config(name_or_path: str, overrides: list[str] | None = None) -> AppConfig:
+    path = resolve_config_path(name_or_path)
+    data = read_config_data(name_or_path)
     notes: list[str] = []
     cfg = build_config(apply_overrides(data, overrides or [], notes), source=str(path))
     cfg.notes.extend(notes)

@@ -102,6 +102,28 @@ def test_unknown_key_in_yaml_file_is_refused(tmp_path):
         load_config(str(path))
 
 
+def test_a_config_extends_a_preset_and_states_only_what_it_changes(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("extends: tiny\nname: mine\nengine: {spec: {num_speculative_tokens: 2}}\n"
+                    "sampling: {max_tokens: 16}\n")
+    cfg, tiny = load_config(str(mine)), load_config("tiny")
+    assert cfg.name == "mine" and cfg.sampling.max_tokens == 16
+    assert cfg.engine.spec.num_speculative_tokens == 2
+    # everything else is the preset's, nested keys included
+    assert cfg.engine.spec.head == tiny.engine.spec.head and cfg.engine.model == tiny.engine.model
+    assert cfg.engine.spec.controller == tiny.engine.spec.controller and cfg.pool == tiny.pool
+    # overrides apply on top of the merged file
+    assert load_config(str(mine), ["sampling.max_tokens=8"]).sampling.max_tokens == 8
+    loop = tmp_path / "loop.yaml"
+    loop.write_text(f"extends: {loop}\n")
+    with pytest.raises(ConfigError, match="extends"):
+        load_config(str(loop))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("extends: no-such-preset\n")
+    with pytest.raises(ConfigError, match="no-such-preset"):
+        load_config(str(bad))
+
+
 def test_every_preset_loads_and_plans():
     assert {"tiny", *GPU_PRESETS} <= set(preset_names())
     for name in preset_names():
