@@ -297,6 +297,16 @@ def controller_lines(engines: dict[str, dict[str, Any]] | None) -> list[str]:
     return lines
 
 
+def capacity_line(capacity: dict | None) -> str | None:
+    """The estimate against the run, in steady state and end to end (docs/capacity.md)."""
+    if not capacity or capacity.get("steady_vs_paper") is None:
+        return None
+    return (f"capacity: steady state {capacity['measured_steady_engine_tokens_per_s']:.0f} tok/s per engine vs "
+            f"{capacity['paper_tokens_per_s_with_prefill']:.0f} on paper with this run's prefill "
+            f"({capacity['steady_vs_paper']:.2f}x); engine start-up {capacity['measured_engine_startup_s']:.0f} s; "
+            f"end to end {capacity['measured_vs_paper']:.2f}x the paper's {capacity['engine_tokens_per_s']:.0f} tok/s")
+
+
 def show_outputs(s3: LocalS3, output: str, gain: str | None = None) -> None:
     fs = s3.filesystem()
     root = output[len("s3://"):]
@@ -307,6 +317,9 @@ def show_outputs(s3: LocalS3, output: str, gain: str | None = None) -> None:
           f"| reconciled {summary['reconciled']}")
     print(f"output tokens {summary['output_tokens']} | {summary['this_run']['output_tokens_per_s']} "
           f"tok/s over {summary['this_run']['elapsed_s']}s")
+    line = capacity_line(summary.get("capacity"))
+    if line:
+        print(line)
     length = spec["mean_acceptance_length"]
     print(f"speculation {spec['method']} K={spec['num_speculative_tokens']} | mean acceptance length "
           f"{length:.2f} | per position {spec['acceptance_per_pos']}" if length else

@@ -76,6 +76,11 @@ def _page(summary: dict, figures: list[tuple[str, str]]) -> str:
         rows.append(("output tokens", summary["output_tokens"]))
     if run.get("output_tokens_per_s") is not None:
         rows.append(("output tokens/s this run", run["output_tokens_per_s"]))
+    capacity = summary.get("capacity") or {}
+    if capacity.get("steady_vs_paper") is not None:
+        rows.append(("steady state vs paper", f"{capacity['measured_steady_engine_tokens_per_s']:.0f} vs "
+                     f"{capacity['paper_tokens_per_s_with_prefill']:.0f} tok/s per engine "
+                     f"({capacity['steady_vs_paper']:.2f}x; engine start-up {capacity['measured_engine_startup_s']} s)"))
     spec = summary.get("speculation") or {}
     if spec.get("method"):
         rows.append(("speculation", f"{spec['method']}, K={spec.get('num_speculative_tokens')}"))

@@ -61,6 +61,16 @@ def test_codegen_report_names_the_job_shows_errors_and_references_exactly_its_pi
     assert "50.0" in page and "2.65" in page  # tokens/s and mean acceptance length in the table
 
 
+def test_report_page_shows_the_run_against_the_paper_in_steady_state():
+    summary = {**_codegen_summary(), "capacity": {
+        "measured_steady_engine_tokens_per_s": 1267.0, "paper_tokens_per_s_with_prefill": 1142.0,
+        "steady_vs_paper": 1.11, "measured_engine_startup_s": 11.9}}
+    page = job_report(summary, _codegen_markers(), started_at=STARTED_AT)[HTML_FILE].decode()
+    assert "steady state vs paper" in page and "1267 vs 1142" in page and "1.11x" in page
+    assert "steady state" not in job_report(_codegen_summary(), _codegen_markers(),
+                                            started_at=STARTED_AT)[HTML_FILE].decode()
+
+
 def test_report_page_mentions_the_error_reason():
     page = job_report(_codegen_summary(), _codegen_markers(), started_at=STARTED_AT)[HTML_FILE].decode()
     assert "context_length_exceeded" in page
