@@ -100,6 +100,14 @@ class TinySpec:
         d["aux_layer_ids"] = list(self.aux_layer_ids)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "TinySpec":
+        """From `to_dict()`'s form (JSON turns the aux_layer_ids tuple into a list)."""
+        d = dict(d)
+        if "aux_layer_ids" in d:
+            d["aux_layer_ids"] = tuple(d["aux_layer_ids"])
+        return cls(**d)
+
 
 def _llama_common(spec: TinySpec) -> dict:
     return {

@@ -171,11 +171,7 @@ class PhaseSpec:
 
 
 def spec_from_dict(d: dict) -> TinySpec:
-    """TinySpec from its to_dict() form (JSON turns the aux_layer_ids tuple into a list)."""
-    d = dict(d)
-    if "aux_layer_ids" in d:
-        d["aux_layer_ids"] = tuple(d["aux_layer_ids"])
-    return TinySpec(**d)
+    return TinySpec.from_dict(d)
 
 
 @dataclass(frozen=True)
