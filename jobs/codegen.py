@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from configs import AppConfig, ResourcePlan, resource_plan
+from control.capacity import steady_state_vs_paper
 from jobs.cli import OUTPUTS, job_main
 from jobs.job_report import TIMELINE_FILE, write_report
 from pipelines.engine_stage import shards_to_keep_busy
@@ -82,8 +83,6 @@ def capacity_summary(plan: ResourcePlan, summary: dict[str, Any], num_shards_run
     steady state (`control.capacity.steady_state_vs_paper`: the engines' time generating
     against the paper for the same work, the prefill of this run's prompts added), with
     the engines' start-up apart."""
-    from control.capacity import steady_state_vs_paper
-
     run = summary["this_run"]
     engines = max(1, min(summary["engines"]["num_engines"], plan.max_actors))
     per_engine_rate = run["output_tokens"] / run["elapsed_s"] / engines if run["elapsed_s"] > 0 else None

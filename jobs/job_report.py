@@ -80,7 +80,7 @@ def _page(summary: dict, figures: list[tuple[str, str]]) -> str:
     if capacity.get("steady_vs_paper") is not None:
         rows.append(("steady state vs paper", f"{capacity['measured_steady_engine_tokens_per_s']:.0f} vs "
                      f"{capacity['paper_tokens_per_s_with_prefill']:.0f} tok/s per engine "
-                     f"({capacity['steady_vs_paper']:.2f}x; engine start-up {capacity['measured_engine_startup_s']} s)"))
+                     f"({capacity['steady_vs_paper']:.2f}x; engine start-up {capacity.get('measured_engine_startup_s')} s)"))
     spec = summary.get("speculation") or {}
     if spec.get("method"):
         rows.append(("speculation", f"{spec['method']}, K={spec.get('num_speculative_tokens')}"))
