@@ -55,6 +55,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.interleave import rotated
+
 OUT_DIR = Path("out/bench")
 PUBLISHED = [0.74, 0.54, 0.41, 0.31, 0.23, 0.17, 0.13]
 K_MAX = 7
@@ -133,12 +135,6 @@ async def _measure(engine, prompts: list[str], concurrency: int, max_tokens: int
     return {"tokens_per_s": tokens / elapsed, "output_tokens": tokens, "seconds": elapsed, "k_seen": sorted(set(ks)),
             "k_share": {str(k): round(ks.count(k) / len(ks), 2) for k in sorted(set(ks))} if ks else {},
             "plain_engine_share": round(sum(plain) / len(plain), 2) if plain else None}
-
-
-def rotated(arms: list[str], round_index: int) -> list[str]:
-    """The arms in the order round `round_index` runs them: shifted by one each round."""
-    shift = round_index % len(arms)
-    return arms[shift:] + arms[:shift]
 
 
 def _controller_state(engine) -> dict | None:

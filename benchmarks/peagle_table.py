@@ -30,6 +30,8 @@ import statistics
 import time
 from pathlib import Path
 
+from benchmarks.interleave import rotated
+
 OUT_DIR = Path("out/bench")
 METHODS = ("peagle", "eagle3")
 
@@ -53,12 +55,6 @@ def cell_overrides(method: str, k: int, heads: dict[str, str]) -> list[str]:
 
 def arm_names(ks: list[int]) -> list[str]:
     return ["baseline"] + [f"{m}-K{k}" for m in METHODS for k in ks]
-
-
-def rotated(arms: list[str], round_index: int) -> list[str]:
-    """The arms in the order round `round_index` measures them: shifted by one each round."""
-    shift = round_index % len(arms)
-    return arms[shift:] + arms[:shift]
 
 
 async def _measure(engine, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
