@@ -77,6 +77,23 @@ class EagleHead(nn.Module):
             self.lm_head.weight.copy_(target.lm_head.weight)
             self.norm.weight.copy_(target.model.norm.weight)
 
+    def warm_start(self, source: dict[str, torch.Tensor]) -> None:
+        """Copy a trained head's tensors in (same spec, same names). Every tensor of this
+        head must be given except P-EAGLE's `mask_hidden`, which an EAGLE-3 head lacks and
+        which keeps its `init_from_target` value; a tensor this head lacks is an error."""
+        own = self.state_dict()
+        may_keep = {"mask_hidden"}
+        missing = sorted(set(own) - set(source) - may_keep)
+        extra = sorted(set(source) - set(own))
+        wrong = [f"{k}: {tuple(source[k].shape)} != {tuple(own[k].shape)}"
+                 for k in own if k in source and source[k].shape != own[k].shape]
+        if missing or extra or wrong:
+            raise ValueError(f"the warm-start head does not fit this one: missing {missing!r}, "
+                             f"unexpected {extra!r}, shapes {wrong!r}")
+        with torch.no_grad():
+            for key, value in source.items():
+                own[key].copy_(value.to(own[key].dtype))
+
     def new_kv_cache(self) -> list[list]:
         return [[] for _ in range(1 + len(self.layers))]
 

@@ -108,6 +108,7 @@ class PhaseSpec:
     cod_ratio: float | None = None
     cod_min_ratio: float | None = None
     pool_piece: int | None = None  # pool sequences per piece (a chunk resumes between pieces)
+    init_heads: str | None = None  # heads: an EAGLE-3 head folder both heads start from
 
     HEAD_ONLY = ("eval_sequences", "num_depths", "num_generated", "prompt_len", "cod_ratio",
                  "cod_min_ratio", "pool_piece")
@@ -123,7 +124,7 @@ class PhaseSpec:
             if getattr(self, name) < 1:
                 raise ValueError(f"{self.name}: {name} must be >= 1, got {getattr(self, name)!r}")
         if self.name == "target":
-            extra = [k for k in self.HEAD_ONLY if getattr(self, k) is not None]
+            extra = [k for k in (*self.HEAD_ONLY, "init_heads") if getattr(self, k) is not None]
             if extra or self.eval_windows is None:
                 raise ValueError(f"target phase: needs eval_windows and none of {extra!r}")
         else:
@@ -159,6 +160,8 @@ class PhaseSpec:
                 d.pop(key)
         else:
             d.pop("eval_windows")
+        if self.init_heads is None:  # plans written before the field existed stay equal
+            d.pop("init_heads")
         return d
 
     @classmethod
@@ -239,7 +242,20 @@ def deep16_plan(seed: int = 0) -> Plan:
                 phases=(replace(cpu.phases[0], peak_lr=3e-4), replace(cpu.phases[1], num_depths=8)))
 
 
-PLANS: dict[str, Callable[[], Plan]] = {"cpu": cpu_plan, "deep16": deep16_plan}
+def deep16_heads_plan(seed: int = 0) -> Plan:
+    """deep16's heads again, against the trained 16-layer target (`--init
+    artifacts/tiny16/target`), both warm-started from the committed 4-layer target's
+    one-layer EAGLE-3 head. That head was trained for 2718 steps (on a GPU) against the
+    states the grown target still carries at its taps (4, 8, 12): 600 CPU steps from
+    random weights reached depth-0 accuracy 0.36, that head starts near 0.87. A lower
+    peak lr than from scratch: the start is already good."""
+    deep = deep16_plan(seed)
+    heads = replace(deep.phases[1], peak_lr=1e-3, init_heads="artifacts/tiny/eagle3-head")
+    return Plan(name="deep16-heads", spec=deep.spec, phases=(heads,))
+
+
+PLANS: dict[str, Callable[[], Plan]] = {"cpu": cpu_plan, "deep16": deep16_plan,
+                                        "deep16-heads": deep16_heads_plan}
 
 
 def load_plan_arg(value: str) -> Plan:
@@ -301,6 +317,19 @@ def load_init_state(source: Path) -> dict[str, torch.Tensor]:
 
         return load_file(str(file))
     raise FileNotFoundError(f"--init {str(source)!r}: no target.NN.pt shards and no model.safetensors")
+
+
+def load_head_init(source: Path) -> dict[str, torch.Tensor]:
+    """An EAGLE-3 head's tensors from a Hugging Face folder (`model.safetensors`)."""
+    source = Path(source)
+    if not source.is_absolute():  # plans name repository paths
+        source = Path(__file__).resolve().parents[1] / source
+    file = source / "model.safetensors"
+    if not file.is_file():
+        raise FileNotFoundError(f"init_heads {str(source)!r}: no model.safetensors in it")
+    from safetensors.torch import load_file
+
+    return load_file(str(file))
 
 
 def _shape_summary(state: dict[str, torch.Tensor]) -> str:
@@ -698,6 +727,13 @@ def _heads_steps(rt: Runtime, clock: _Clock, work: Path) -> None:
     mask_id = SPECIAL_TOKEN_IDS[MASK_TOKEN]
     if not rt.heads:
         rt.heads = init_heads(rt.target, rt.pool, spec, cfg, DEVICE, phase.seed)
+        if phase.init_heads is not None:
+            source = load_head_init(Path(phase.init_heads))
+            for head in rt.heads.values():
+                head.warm_start(source)
+            rt.state["init_heads"] = {"from": phase.init_heads, "sha256": state_fingerprint(source)}
+            log("chunks", f"heads: both start from {phase.init_heads} (P-EAGLE's mask_hidden "
+                "is its own)")
         rt.head_optims = make_optimizers(rt.heads, cfg)
         rt.state["heads_initialized"] = True
     while rt.state["step"] < phase.steps and not clock.out_of_time():
@@ -762,6 +798,7 @@ def write_trained(work: Path, rt: Runtime) -> Path:
         "spec": plan.spec,
         "target": target_metrics,
         "heads": state["metrics"]["heads"],
+        "heads_init": state.get("init_heads"),
         "plan": plan.to_dict(),
         "chunks": state["chunks"],
         "recipe": "python -m models.train_chunks",

@@ -245,3 +245,51 @@ def test_a_phase_not_yet_started_may_change_and_the_change_is_recorded(corpus, t
     # once the heads phase has started, it is fixed like the phases before it
     with pytest.raises(tc.PlanMismatch, match=r"phases\[1\]\.num_depths: 4 -> 3"):
         tc.run_chunk(work, _plan(), max_steps=1)
+
+
+def test_heads_warm_started_from_a_trained_eagle3_head(one_call, corpus, tmp_path):
+    from safetensors.torch import save_file
+
+    from models.torch_head import EagleHead
+
+    target_dir = one_call / "trained"  # the frozen target the heads are trained against
+    one_layer = replace(SPEC, peagle_head_num_hidden_layers=1)
+    target = TinyLlama(one_layer)
+    target.load_state_dict(load_sharded(target_dir, "target"))
+    source_head = EagleHead(one_layer, parallel_drafting=False)
+    source_head.init_from_target(target, seed=99, aux_rms=1.0)  # not what the plan draws
+    source = source_head.head_state_dict()
+    head_dir = tmp_path / "eagle3-head"
+    head_dir.mkdir()
+    save_file(source, str(head_dir / "model.safetensors"))
+
+    def heads_plan(init_heads, spec=one_layer):
+        # an lr too small to move a weight visibly: after one step the heads show where
+        # they started
+        heads = replace(_plan().phases[1], init_heads=init_heads, peak_lr=1e-9)
+        return tc.Plan(name="warm", spec=spec.to_dict(), phases=(heads,))
+
+    def after_one_step(work, plan):
+        state = tc.run_chunk(work, plan, max_steps=1, init_from=target_dir, corpus_path=corpus)
+        ckpt = work / state["checkpoint"]
+        return state, {name: load_sharded(ckpt, tc.HEAD_STEMS[name]) for name in tc.HEAD_NAMES}
+
+    _, cold = after_one_step(tmp_path / "cold", heads_plan(None))
+    state, warm = after_one_step(tmp_path / "warm", heads_plan(str(head_dir)))
+    assert state["init_heads"]["from"] == str(head_dir)
+    for name in tc.HEAD_NAMES:
+        for key, value in source.items():
+            assert torch.allclose(warm[name][key], value, atol=1e-6), (name, key)
+            if key.startswith(("midlayer.", "fc.")) and "norm" not in key:
+                assert not torch.allclose(cold[name][key], value, atol=1e-3), (name, key)
+    # P-EAGLE's mask_hidden, which an EAGLE-3 head lacks, is the plan's own draw
+    assert torch.allclose(warm["peagle"]["mask_hidden"], cold["peagle"]["mask_hidden"], atol=1e-6)
+    assert tc.Plan.from_dict(json.loads((tmp_path / "warm" / "plan.json").read_text())) == heads_plan(
+        str(head_dir))
+
+    # a P-EAGLE head with a layer the EAGLE-3 head lacks cannot start from it
+    with pytest.raises(ValueError, match=r"missing \['layers\.1\."):
+        after_one_step(tmp_path / "bad", heads_plan(str(head_dir), spec=SPEC))
+    # the field belongs to the heads phase only
+    with pytest.raises(ValueError, match="target phase"):
+        replace(_plan().phases[0], init_heads=str(head_dir))
