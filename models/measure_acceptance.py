@@ -100,7 +100,7 @@ def replay(models: Path, prompt_ids: list[list[int]], output_ids: list[list[int]
     from models.torch_llama import TinyLlama
     from models.train_heads import HeadConfig, eagle3_forward, peagle_forward
 
-    spec = TinySpec()
+    spec = TinySpec.from_dict(json.loads((models / "build_info.json").read_text())["spec"])
     target = TinyLlama(spec)
     target.load_state_dict(load_file(str(models / "target" / "model.safetensors")))
     target.eval()

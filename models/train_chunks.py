@@ -900,8 +900,10 @@ def run_chunk(work: Path, plan: Plan | None = None, *, minutes: float | None = N
             clock.last_save = time.monotonic()
         else:
             rt.target.eval().requires_grad_(False)
-            if rt.pool is None and not _build_pool(rt, clock, work):
-                break
+            if rt.pool is None:
+                if not _build_pool(rt, clock, work):
+                    break
+                clock.new_phase()  # tokens/s and the ETA count head steps, not the pool's build
             _heads_steps(rt, clock, work)
             if state["step"] < phase.steps:
                 break
