@@ -59,6 +59,12 @@ def training_summary(metrics: dict) -> dict:
                                           "val_perplexity", "unigram_val_perplexity")},
         "heads": {"steps_run": heads["steps_run"]},
     }
+    # Where a chunked run started from (`models.train_chunks`: --init target, a warm-start
+    # head): a heads-only plan's target section describes a target trained elsewhere.
+    if target.get("init"):
+        summary["target"]["init"] = target["init"]
+    if metrics.get("heads_init"):
+        summary["heads"]["init"] = metrics["heads_init"]
     for name in ("peagle", "eagle3"):
         summary["heads"][name] = heads[name]
     return summary

@@ -108,7 +108,9 @@ class PhaseSpec:
     cod_ratio: float | None = None
     cod_min_ratio: float | None = None
     pool_piece: int | None = None  # pool sequences per piece (a chunk resumes between pieces)
-    init_heads: str | None = None  # heads: an EAGLE-3 head folder both heads start from
+    # heads: the trained head folder both heads start from (an EAGLE-3 head: P-EAGLE keeps
+    # its own mask_hidden), or {"peagle": folder, "eagle3": folder}, one for each
+    init_heads: str | dict | None = None
 
     HEAD_ONLY = ("eval_sequences", "num_depths", "num_generated", "prompt_len", "cod_ratio",
                  "cod_min_ratio", "pool_piece")
@@ -123,6 +125,9 @@ class PhaseSpec:
         for name in ("batch_size", "seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{self.name}: {name} must be >= 1, got {getattr(self, name)!r}")
+        if isinstance(self.init_heads, dict) and set(self.init_heads) != set(HEAD_NAMES):
+            raise ValueError(f"{self.name}: init_heads as a mapping needs exactly the keys "
+                             f"{list(HEAD_NAMES)!r}, got {sorted(self.init_heads)!r}")
         if self.name == "target":
             extra = [k for k in (*self.HEAD_ONLY, "init_heads") if getattr(self, k) is not None]
             if extra or self.eval_windows is None:
@@ -254,8 +259,24 @@ def deep16_heads_plan(seed: int = 0) -> Plan:
     return Plan(name="deep16-heads", spec=deep.spec, phases=(heads,))
 
 
+def deep16_peagle3_plan(seed: int = 0) -> Plan:
+    """deep16-heads with a three-layer P-EAGLE head, warm-started from the 4-layer build's
+    (artifacts/tiny/peagle-head, 2718 GPU steps), the EAGLE-3 head from deep16-heads'
+    (artifacts/tiny16/eagle3-head). Why three layers: a one-layer P-EAGLE head reads each
+    mask slot in a single attention hop, and deep16-heads' reached acceptance 0.11 at
+    position 2 (vLLM, K=4: length 1.86, 1.05x no speculation at c=1); the three-layer head
+    untouched, re-pointed at taps (4, 8, 12), drafts at length 2.35 and 1.50x (docs/tiny-model.md).
+    Half the steps at a lower peak lr: a fine-tune of two good starts."""
+    deep = deep16_plan(seed)
+    spec = replace(deep.tiny_spec(), peagle_head_num_hidden_layers=3)
+    heads = replace(deep.phases[1], steps=300, peak_lr=3e-4, init_heads={
+        "peagle": "artifacts/tiny/peagle-head", "eagle3": "artifacts/tiny16/eagle3-head"})
+    return Plan(name="deep16-peagle3", spec=spec.to_dict(), phases=(heads,))
+
+
 PLANS: dict[str, Callable[[], Plan]] = {"cpu": cpu_plan, "deep16": deep16_plan,
-                                        "deep16-heads": deep16_heads_plan}
+                                        "deep16-heads": deep16_heads_plan,
+                                        "deep16-peagle3": deep16_peagle3_plan}
 
 
 def load_plan_arg(value: str) -> Plan:
@@ -728,12 +749,14 @@ def _heads_steps(rt: Runtime, clock: _Clock, work: Path) -> None:
     if not rt.heads:
         rt.heads = init_heads(rt.target, rt.pool, spec, cfg, DEVICE, phase.seed)
         if phase.init_heads is not None:
-            source = load_head_init(Path(phase.init_heads))
-            for head in rt.heads.values():
-                head.warm_start(source)
-            rt.state["init_heads"] = {"from": phase.init_heads, "sha256": state_fingerprint(source)}
-            log("chunks", f"heads: both start from {phase.init_heads} (P-EAGLE's mask_hidden "
-                "is its own)")
+            sources = (phase.init_heads if isinstance(phase.init_heads, dict)
+                       else dict.fromkeys(HEAD_NAMES, phase.init_heads))
+            rt.state["init_heads"] = {}
+            for name, folder in sources.items():
+                source = load_head_init(Path(folder))
+                rt.heads[name].warm_start(source)
+                rt.state["init_heads"][name] = {"from": folder, "sha256": state_fingerprint(source)}
+                log("chunks", f"heads: {name} starts from {folder}")
         rt.head_optims = make_optimizers(rt.heads, cfg)
         rt.state["heads_initialized"] = True
     while rt.state["step"] < phase.steps and not clock.out_of_time():

@@ -276,7 +276,7 @@ def test_heads_warm_started_from_a_trained_eagle3_head(one_call, corpus, tmp_pat
 
     _, cold = after_one_step(tmp_path / "cold", heads_plan(None))
     state, warm = after_one_step(tmp_path / "warm", heads_plan(str(head_dir)))
-    assert state["init_heads"]["from"] == str(head_dir)
+    assert {n: v["from"] for n, v in state["init_heads"].items()} == dict.fromkeys(tc.HEAD_NAMES, str(head_dir))
     for name in tc.HEAD_NAMES:
         for key, value in source.items():
             assert torch.allclose(warm[name][key], value, atol=1e-6), (name, key)
@@ -286,6 +286,18 @@ def test_heads_warm_started_from_a_trained_eagle3_head(one_call, corpus, tmp_pat
     assert torch.allclose(warm["peagle"]["mask_hidden"], cold["peagle"]["mask_hidden"], atol=1e-6)
     assert tc.Plan.from_dict(json.loads((tmp_path / "warm" / "plan.json").read_text())) == heads_plan(
         str(head_dir))
+
+    # one source per head: a P-EAGLE head starts from a P-EAGLE head, mask_hidden included
+    peagle_dir = tmp_path / "peagle-head"
+    peagle_dir.mkdir()
+    peagle_source = {**source, "mask_hidden": torch.full((1, 3 * SPEC.hidden_size), 0.5)}
+    save_file(peagle_source, str(peagle_dir / "model.safetensors"))
+    _, each = after_one_step(tmp_path / "each", heads_plan({"peagle": str(peagle_dir),
+                                                            "eagle3": str(head_dir)}))
+    for key, value in peagle_source.items():
+        assert torch.allclose(each["peagle"][key], value, atol=1e-6), key
+    with pytest.raises(ValueError, match="exactly the keys"):
+        heads_plan({"peagle": str(peagle_dir)})
 
     # a P-EAGLE head with a layer the EAGLE-3 head lacks cannot start from it
     with pytest.raises(ValueError, match=r"missing \['layers\.1\."):
