@@ -251,8 +251,9 @@ def deep16_heads_plan(seed: int = 0) -> Plan:
     """deep16's heads again, against the trained 16-layer target (`--init
     artifacts/tiny16/target`), both warm-started from the committed 4-layer target's
     one-layer EAGLE-3 head. That head was trained for 2718 steps (on a GPU) against the
-    states the grown target still carries at its taps (4, 8, 12): 600 CPU steps from
-    random weights reached depth-0 accuracy 0.36, that head starts near 0.87. A lower
+    states the grown target still carries at its taps (4, 8, 12): untouched, it drafts for
+    the 16-layer target at acceptance length 3.23 at K=4 in vLLM, where deep16's own heads
+    (600 CPU steps from random weights) reached 1.56 (EAGLE-3) and 1.41 (P-EAGLE). A lower
     peak lr than from scratch: the start is already good."""
     deep = deep16_plan(seed)
     heads = replace(deep.phases[1], peak_lr=1e-3, init_heads="artifacts/tiny/eagle3-head")
@@ -262,9 +263,10 @@ def deep16_heads_plan(seed: int = 0) -> Plan:
 def deep16_peagle3_plan(seed: int = 0) -> Plan:
     """deep16-heads with a three-layer P-EAGLE head, warm-started from the 4-layer build's
     (artifacts/tiny/peagle-head, 2718 GPU steps), the EAGLE-3 head from deep16-heads'
-    (artifacts/tiny16/eagle3-head). Why three layers: a one-layer P-EAGLE head reads each
+    (artifacts/tiny16/eagle3-head as committed at 7b7025c; the one committed since is this
+    plan's output). Why three layers: a one-layer P-EAGLE head reads each
     mask slot in a single attention hop, and deep16-heads' reached acceptance 0.11 at
-    position 2 (vLLM, K=4: length 1.86, 1.05x no speculation at c=1); the three-layer head
+    position 2 (vLLM, K=4: length 1.86, 1.14x no speculation at c=1); the three-layer head
     untouched, re-pointed at taps (4, 8, 12), drafts at length 2.35 and 1.50x (docs/tiny-model.md).
     Half the steps at a lower peak lr: a fine-tune of two good starts."""
     deep = deep16_plan(seed)
@@ -341,7 +343,7 @@ def load_init_state(source: Path) -> dict[str, torch.Tensor]:
 
 
 def load_head_init(source: Path) -> dict[str, torch.Tensor]:
-    """An EAGLE-3 head's tensors from a Hugging Face folder (`model.safetensors`)."""
+    """A trained head's tensors from a Hugging Face folder (`model.safetensors`)."""
     source = Path(source)
     if not source.is_absolute():  # plans name repository paths
         source = Path(__file__).resolve().parents[1] / source
