@@ -90,9 +90,7 @@ class EagleHead(nn.Module):
         if missing or extra or wrong:
             raise ValueError(f"the warm-start head does not fit this one: missing {missing!r}, "
                              f"unexpected {extra!r}, shapes {wrong!r}")
-        with torch.no_grad():
-            for key, value in source.items():
-                own[key].copy_(value.to(own[key].dtype))
+        self.load_state_dict(source, strict=False)  # only mask_hidden may be left out
 
     def new_kv_cache(self) -> list[list]:
         return [[] for _ in range(1 + len(self.layers))]

@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from models.build_tiny import REPO_ROOT
 from models.data import load_corpus
 from models.grow import grow_for_plan
 from models.layout import sha256_file
@@ -346,7 +347,7 @@ def load_head_init(source: Path) -> dict[str, torch.Tensor]:
     """A trained head's tensors from a Hugging Face folder (`model.safetensors`)."""
     source = Path(source)
     if not source.is_absolute():  # plans name repository paths
-        source = Path(__file__).resolve().parents[1] / source
+        source = REPO_ROOT / source
     file = source / "model.safetensors"
     if not file.is_file():
         raise FileNotFoundError(f"init_heads {str(source)!r}: no model.safetensors in it")
