@@ -61,7 +61,9 @@ calibrate: install
 # run it again to continue where it stopped; the last chunk writes
 # artifacts/train-chunks/trained/ (export: $(PY) -m models.train_all --out OUT
 # --from-trained artifacts/train-chunks/trained). Needs only the venv, never run by
-# `make install`. Extra flags: make train TRAIN_ARGS="--init artifacts/tiny/target".
+# `make install`. Extra flags: make train TRAIN_ARGS="--plan deep16 --init artifacts/base4/target".
+# The default build's recipe (models/train_chunks.py, EARLIER_BUILDS says how to put back
+# the earlier builds it starts from): deep16, then deep16-heads, then deep16-peagle3.
 train: $(STAMP)
 	$(PY) -m models.train_chunks --work artifacts/train-chunks --minutes 20 $(TRAIN_ARGS)
 

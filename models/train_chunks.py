@@ -234,12 +234,35 @@ def cpu_plan(seed: int = 0) -> Plan:
     ))
 
 
+# Earlier builds the default's recipe starts from, kept in git history rather than in the
+# tree (the committed artifacts stay small). Put one back with
+#   mkdir -p DIR && git archive COMMIT PATH | tar -x --strip-components=2 -C DIR
+# (load_head_init and load_target_init print that line when the folder is missing).
+EARLIER_BUILDS = {
+    # the 4-layer build (target, P-EAGLE and EAGLE-3 heads trained for 2718 GPU steps)
+    # that was artifacts/tiny until the 16-layer build replaced it
+    "artifacts/base4": ("a699ca6", "artifacts/tiny"),
+    # deep16-heads' output, deep16-peagle3's EAGLE-3 start
+    "artifacts/deep16-heads": ("7b7025c", "artifacts/tiny16"),
+}
+
+
+def restore_hint(folder: Path) -> str:
+    """How to put an EARLIER_BUILDS folder back, or "" for any other folder."""
+    for rel, (commit, path) in EARLIER_BUILDS.items():
+        if (REPO_ROOT / rel) in (folder, *folder.parents):  # folder: absolute
+            return (f"; it is in git history: mkdir -p {rel} && git archive {commit} {path} "
+                    f"| tar -x --strip-components=2 -C {rel}")
+    return ""
+
+
 def deep16_plan(seed: int = 0) -> Plan:
     """The shape chosen by measurement (docs/tiny-model.md): a 16-layer target grown from
-    the committed 4-layer one (`--init artifacts/tiny/target`, `models.grow`: heads'
-    taps (1, 2, 3) move to (4, 8, 12)), fine-tuned at a tenth of the from-scratch peak lr
-    (at 1e-3 the grown model's loss rose from 1.55 to 1.8 as the warm-up ended: knocked out
-    of the minimum it was grown from), and one-layer heads trained against it."""
+    the 4-layer build (`--init artifacts/base4/target`, see EARLIER_BUILDS; `models.grow`:
+    heads' taps (1, 2, 3) move to (4, 8, 12)), fine-tuned at a tenth of the from-scratch
+    peak lr (at 1e-3 the grown model's loss rose from 1.55 to 1.8 as the warm-up ended:
+    knocked out of the minimum it was grown from), and one-layer heads trained against it.
+    Its target is the default build's (artifacts/tiny/target)."""
     spec = TinySpec(num_hidden_layers=16, aux_layer_ids=(4, 8, 12), peagle_head_num_hidden_layers=1)
     cpu = cpu_plan(seed)
     # Heads trained at 8 depths: serving K up to 7 needs draft positions 5..8 learned,
@@ -249,31 +272,31 @@ def deep16_plan(seed: int = 0) -> Plan:
 
 
 def deep16_heads_plan(seed: int = 0) -> Plan:
-    """deep16's heads again, against the trained 16-layer target (`--init
-    artifacts/tiny16/target`), both warm-started from the committed 4-layer target's
-    one-layer EAGLE-3 head. That head was trained for 2718 steps (on a GPU) against the
-    states the grown target still carries at its taps (4, 8, 12): untouched, it drafts for
-    the 16-layer target at acceptance length 3.23 at K=4 in vLLM, where deep16's own heads
+    """deep16's heads again, against deep16's trained target (`--init` it), both
+    warm-started from the 4-layer build's one-layer EAGLE-3 head (artifacts/base4, see
+    EARLIER_BUILDS). That head was trained for 2718 steps (on a GPU) against the states
+    the grown target still carries at its taps (4, 8, 12): untouched, it drafts for the
+    16-layer target at acceptance length 3.23 at K=4 in vLLM, where deep16's own heads
     (600 CPU steps from random weights) reached 1.56 (EAGLE-3) and 1.41 (P-EAGLE). A lower
     peak lr than from scratch: the start is already good."""
     deep = deep16_plan(seed)
-    heads = replace(deep.phases[1], peak_lr=1e-3, init_heads="artifacts/tiny/eagle3-head")
+    heads = replace(deep.phases[1], peak_lr=1e-3, init_heads="artifacts/base4/eagle3-head")
     return Plan(name="deep16-heads", spec=deep.spec, phases=(heads,))
 
 
 def deep16_peagle3_plan(seed: int = 0) -> Plan:
-    """deep16-heads with a three-layer P-EAGLE head, warm-started from the 4-layer build's
-    (artifacts/tiny/peagle-head, 2718 GPU steps), the EAGLE-3 head from deep16-heads'
-    (artifacts/tiny16/eagle3-head as committed at 7b7025c; the one committed since is this
-    plan's output). Why three layers: a one-layer P-EAGLE head reads each
-    mask slot in a single attention hop, and deep16-heads' reached acceptance 0.11 at
-    position 2 (vLLM, K=4: length 1.86, 1.14x no speculation at c=1); the three-layer head
-    untouched, re-pointed at taps (4, 8, 12), drafts at length 2.35 and 1.50x (docs/tiny-model.md).
+    """The default build's heads (artifacts/tiny): deep16-heads with a three-layer P-EAGLE
+    head, warm-started from the 4-layer build's (artifacts/base4/peagle-head, 2718 GPU
+    steps), the EAGLE-3 head from deep16-heads' output (artifacts/deep16-heads, see
+    EARLIER_BUILDS). Why three layers: a one-layer P-EAGLE head reads each mask slot in a
+    single attention hop, and deep16-heads' reached acceptance 0.11 at position 2 (vLLM,
+    K=4: length 1.86, 1.14x no speculation at c=1); the three-layer head untouched,
+    re-pointed at taps (4, 8, 12), drafts at length 2.35 and 1.50x (docs/tiny-model.md).
     Half the steps at a lower peak lr: a fine-tune of two good starts."""
     deep = deep16_plan(seed)
     spec = replace(deep.tiny_spec(), peagle_head_num_hidden_layers=3)
     heads = replace(deep.phases[1], steps=300, peak_lr=3e-4, init_heads={
-        "peagle": "artifacts/tiny/peagle-head", "eagle3": "artifacts/tiny16/eagle3-head"})
+        "peagle": "artifacts/base4/peagle-head", "eagle3": "artifacts/deep16-heads/eagle3-head"})
     return Plan(name="deep16-peagle3", spec=spec.to_dict(), phases=(heads,))
 
 
@@ -340,7 +363,8 @@ def load_init_state(source: Path) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return load_file(str(file))
-    raise FileNotFoundError(f"--init {str(source)!r}: no target.NN.pt shards and no model.safetensors")
+    raise FileNotFoundError(f"--init {str(source)!r}: no target.NN.pt shards and no model.safetensors"
+                            f"{restore_hint(source.resolve())}")
 
 
 def load_head_init(source: Path) -> dict[str, torch.Tensor]:
@@ -350,7 +374,8 @@ def load_head_init(source: Path) -> dict[str, torch.Tensor]:
         source = REPO_ROOT / source
     file = source / "model.safetensors"
     if not file.is_file():
-        raise FileNotFoundError(f"init_heads {str(source)!r}: no model.safetensors in it")
+        raise FileNotFoundError(f"init_heads {str(source)!r}: no model.safetensors in it"
+                                f"{restore_hint(source)}")
     from safetensors.torch import load_file
 
     return load_file(str(file))

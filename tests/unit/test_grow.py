@@ -1,5 +1,8 @@
 """Depth growth keeps the trained target's outputs and the states its heads tap."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -77,11 +80,17 @@ def test_init_target_grows_through_the_hook():
     assert state.keys() == TinyLlama(GROWN).state_dict().keys()
 
 
-def test_the_deep16_plan_starts_from_the_committed_shape_grown():
+def test_the_deep16_plan_grows_the_4_layer_shape_into_the_committed_default():
     plan = tc.load_plan_arg("deep16")
     assert plan.tiny_spec().num_hidden_layers == 16 and plan.tiny_spec().aux_layer_ids == (4, 8, 12)
-    committed = TinyLlama(TinySpec())  # the shape of artifacts/tiny/target
-    committed.init_weights(1)
-    state = tc.init_target(plan, committed.state_dict(), grow=grow_for_plan)
+    base = TinyLlama(TinySpec())  # the 4-layer shape (artifacts/base4, tc.EARLIER_BUILDS)
+    base.init_weights(1)
+    state = tc.init_target(plan, base.state_dict(), grow=grow_for_plan)
     assert torch.equal(state["model.layers.12.mlp.up_proj.weight"],
-                       committed.state_dict()["model.layers.3.mlp.up_proj.weight"])
+                       base.state_dict()["model.layers.3.mlp.up_proj.weight"])
+    # what the plans train is what ships: the committed default has deep16's target
+    # shape, and its heads are the deep16-peagle3 plan's
+    info = json.loads((Path(__file__).resolve().parents[2] / "artifacts/tiny/build_info.json").read_text())
+    assert info["spec"] == tc.load_plan_arg("deep16-peagle3").spec
+    assert {k: v for k, v in info["spec"].items() if k != "peagle_head_num_hidden_layers"} == \
+        {k: v for k, v in plan.spec.items() if k != "peagle_head_num_hidden_layers"}
