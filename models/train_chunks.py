@@ -237,7 +237,7 @@ def cpu_plan(seed: int = 0) -> Plan:
 # Earlier builds the default's recipe starts from, kept in git history rather than in the
 # tree (the committed artifacts stay small). Put one back with
 #   mkdir -p DIR && git archive COMMIT PATH | tar -x --strip-components=2 -C DIR
-# (load_head_init and load_target_init print that line when the folder is missing).
+# (load_head_init and load_init_state print that line when the folder is missing).
 EARLIER_BUILDS = {
     # the 4-layer build (target, P-EAGLE and EAGLE-3 heads trained for 2718 GPU steps)
     # that was artifacts/tiny until the 16-layer build replaced it
