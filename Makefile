@@ -54,7 +54,7 @@ bench: install
 # Step time vs batch size and K of the tiny preset on THIS machine, fitted into the
 # speculation controller's calibration (2-3 minutes with the plain-engine side, longer under load); see docs/calibration.md.
 calibrate: install
-	$(PY) -m jobs.profile_steps --config tiny --out configs/calibration/cpu-tiny.json \
+	$(PY) -m tools.profile_steps --config tiny --out configs/calibration/cpu-tiny.json \
 		--plot out/calibrate/cpu-tiny.png
 
 # One chunk (20 min of wall clock) of the resumable CPU training (models/train_chunks.py):

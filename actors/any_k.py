@@ -32,14 +32,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from actors import k0_skip
+from actors.k0_skip import applies
+
 MARK = "_peagle_any_k"
-
-
-def applies(proposer: Any) -> bool:
-    """Whether `propose` of this drafter is laid out per step here (P-EAGLE heads only)."""
-    return bool(getattr(proposer, "parallel_drafting", False) and proposer.method == "eagle3"
-                and getattr(proposer, "pass_hidden_states_to_model", False)
-                and getattr(proposer, "needs_extra_input_slots", False))
 
 
 def slots_for(k: int) -> tuple[int, int]:
@@ -69,8 +65,6 @@ def _wrap(propose):
     def propose_at_step_k(self, num_speculative_tokens, *args, **kwargs):
         if not applies(self):
             return propose(self, num_speculative_tokens, *args, **kwargs)
-        from actors import k0_skip
-
         bound = signature.bind(self, num_speculative_tokens, *args, **kwargs).arguments
         bound.pop("self")
         k = int(bound.pop("num_speculative_tokens"))
@@ -102,6 +96,4 @@ def install() -> None:
             "P-EAGLE per-step K not installed: vLLM's SpecDecodeBaseProposer lacks %s", needed)
         return
     SpecDecodeBaseProposer.propose = _wrap(SpecDecodeBaseProposer.propose)
-    from actors import k0_skip
-
     k0_skip.install()

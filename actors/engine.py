@@ -29,7 +29,9 @@ from actors.requests import (
 from actors.engine_lifecycle import EngineLifecycle, engine_kwargs, keep_serving, stop_engine
 from actors.spec_stats import SpecDecodeStats, StepWindow
 from configs.schema import EngineConfig, SamplingDefaults
+from configs.spec_k import check_schedule
 from configs.vllm_args import live_k_values
+from control.live import LiveSpecController, startup_schedule
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +113,6 @@ class Engine(EngineLifecycle):
         from vllm.v1.metrics.loggers import StatLoggerBase
 
         if cfg.spec.controller is not None and cfg.spec.schedule is None:
-            from actors.spec_control import startup_schedule
-
             cfg = cfg.model_copy(deep=True)
             cfg.spec.schedule = startup_schedule(cfg)  # a table from the start: K can then change live
         self.cfg = cfg
@@ -141,8 +141,6 @@ class Engine(EngineLifecycle):
         self._start_llm(self.kwargs)
         self.controller = None
         if cfg.spec.controller is not None:
-            from actors.spec_control import LiveSpecController
-
             self.controller = LiveSpecController(self, cfg, self.kv_capacity_tokens)
 
     def _start_llm(self, kwargs: dict[str, Any]) -> None:
@@ -317,10 +315,9 @@ class Engine(EngineLifecycle):
         """Put a batch-size -> K table ([[lo, hi, K], ...]) in force from the next step on,
         without touching running requests (`actors.live_schedule`). Returns the table now
         in force. Raises ValueError naming the problem for a bad table or a K this engine
-        cannot run (`configs.vllm_args.live_k_values`); the engine core refuses a table
+        cannot run (`configs.spec_k.allowed_k`); the engine core refuses a table
         when the engine was started without one."""
         from actors.live_schedule import METHOD
-        from configs.schema import check_schedule
 
         max_k = self.cfg.spec.num_speculative_tokens or 0
         if not max_k or not self.speculating:
@@ -333,7 +330,7 @@ class Engine(EngineLifecycle):
         if bad:
             raise ValueError(f"K={bad} cannot run on this engine (spec.method={self.cfg.spec.method!r}, "
                              f"num_speculative_tokens={max_k}); allowed K values are {allowed} "
-                             "(why: configs.vllm_args.live_k_values)")
+                             "(why: configs.spec_k.allowed_k)")
         async with self.admitted():  # a restart waits for the call (the core answers before it stops)
             if not self.speculating:  # restarted plain while this call waited
                 raise ValueError("engine runs spec.method='none (restarted without speculation)': there is no K to change")

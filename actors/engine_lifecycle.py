@@ -36,6 +36,8 @@ import time
 import weakref
 from typing import Any, Awaitable, Callable
 
+from configs.vllm_args import to_vllm_kwargs
+
 log = logging.getLogger(__name__)
 
 ENGINE_DEATH_RETRIES = 1  # a request runs at most 1 + this many times when engines die under it
@@ -280,10 +282,7 @@ class EngineLifecycle:
 
 def engine_kwargs(cfg, speculating: bool) -> dict:
     """vLLM's engine arguments for `cfg` with its drafter, or without (speculation off)."""
-    from configs.schema import SpecConfig
-    from configs.vllm_args import to_vllm_kwargs
-
-    return to_vllm_kwargs(cfg if speculating else cfg.model_copy(update={"spec": SpecConfig()}))
+    return to_vllm_kwargs(cfg if speculating else cfg.without_speculation())
 
 
 def _shutdown_if_alive(ref: weakref.ref) -> None:

@@ -37,6 +37,14 @@ COUNTERS = ("head_forwards", "skipped_steps", "catchup_passes", "catchup_tokens"
 log = logging.getLogger(__name__)
 
 
+def applies(proposer: Any) -> bool:
+    """Whether this drafter is a P-EAGLE head's (EAGLE-3 with parallel drafting): the only
+    drafters whose pass `actors.any_k` lays out per step and whose K = 0 steps skip here."""
+    return bool(getattr(proposer, "parallel_drafting", False) and proposer.method == "eagle3"
+                and getattr(proposer, "pass_hidden_states_to_model", False)
+                and getattr(proposer, "needs_extra_input_slots", False))
+
+
 def plan_passes(spans: Sequence[tuple[int, int, int]], max_tokens: int) -> list[list[tuple[int, int, int]]]:
     """Cut gaps (row, start, end) into catch-up passes of at most `max_tokens` tokens.
     A request appears at most once per pass, and its pieces run in position order."""
@@ -283,10 +291,8 @@ def skip_possible(runner: Any) -> str | None:
 
 def _wrap_runner(fn):
     def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
-        from actors import any_k
-
         drafter = getattr(self, "drafter", None)
-        if drafter is None or not any_k.applies(drafter) or skip_possible(self) is not None:
+        if drafter is None or not applies(drafter) or skip_possible(self) is not None:
             return fn(self, scheduler_output, *args, **kwargs)
         st = state_for(drafter)
         st.forget(set(scheduler_output.finished_req_ids) | set(scheduler_output.preempted_req_ids or ()))
@@ -307,11 +313,11 @@ def _utility(core: Any, settings: dict[str, Any] | None = None) -> dict[str, Any
     stash_tokens: int, reset: bool, force_k_cycle: list[int] | None, record_drafts: bool,
     inject_fault: bool),
     return the counters (and the drafts recorded, on record_drafts=False)."""
-    from actors import any_k, step_split
+    from actors import step_split
 
     runner = step_split._runner(core)
     drafter = getattr(runner, "drafter", None)
-    if drafter is None or not any_k.applies(drafter):
+    if drafter is None or not applies(drafter):
         raise ValueError("the K=0 skip needs a P-EAGLE drafter (parallel drafting, EAGLE-3 head)")
     st = state_for(drafter)
     settings = dict(settings or {})

@@ -13,19 +13,11 @@ it only adds two methods to a class): `peagle_set_spec_schedule(schedule)` valid
 table with vLLM's own parser, clamps it as vLLM's start-up path does, and swaps the lookup.
 Utility calls run on the engine core's own loop between two `schedule()` calls, so a step
 is planned wholly with the old table or wholly with the new one, running requests keep
-their KV cache, and nothing is dropped or resubmitted. Which K values a table may use:
-
-* the engine must have been started with a table (the scheduler only consults a lookup
-  that exists, and vLLM pads differently without one);
-* no K above the start-up `num_speculative_tokens` (KV lookahead slots were reserved for it);
-* P-EAGLE (parallel drafting): every K in 0..K_max with `actors.any_k` loaded (the
-  project's plugin that lays the draft pass out per step); without it only 0 and K_max,
-  since vLLM 0.32 sizes the parallel draft slots from the start-up K and a smaller step K
-  crashes the engine or mixes up drafts between requests (upstream #45695);
-* with CUDA graphs, only K values the start-up table already contains (graphs were
-  captured for those decode shapes only). Eager engines (CPU, `enforce_eager`) accept
-  every K in 0..K_max otherwise.
-A table with another K is refused with the reason, never silently changed.
+their KV cache, and nothing is dropped or resubmitted. The engine must have been started with a
+table (the scheduler only consults a lookup that exists, and vLLM pads differently without
+one); which K values a table may then hold is `configs.spec_k.allowed_k`, read here from
+the engine's actual settings (CUDA graphs captured or not, parallel drafting, whether
+`actors.any_k` is loaded). A table with another K is refused with the reason, never silently changed.
 
 `Engine.set_spec_schedule` is the caller; lossless output at every K, at start-up and
 after live changes, is proven by tests/integration/test_live_schedule.py.
@@ -33,21 +25,12 @@ after live changes, is proven by tests/integration/test_live_schedule.py.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+
+from configs.spec_k import allowed_k
 
 METHOD = "peagle_set_spec_schedule"
 GET_METHOD = "peagle_get_spec_schedule"
-
-
-def allowed_values(startup_dense: Sequence[int], max_k: int, graphs_captured: bool,
-                   parallel_drafting: bool, any_k_installed: bool = True) -> list[int]:
-    """K values a live table may use; the same rule as `configs.vllm_args.live_k_values`,
-    read from the engine's actual settings."""
-    if parallel_drafting and not any_k_installed:
-        return [0, max_k]
-    if graphs_captured:
-        return sorted({0, max_k, *(int(k) for k in startup_dense)})
-    return list(range(max_k + 1))
 
 
 def _graphs_captured(vllm_config: Any) -> bool:
@@ -76,9 +59,10 @@ def _set_spec_schedule(core: Any, schedule: list[list[int]]) -> dict[str, Any]:
             "start it with a batch-size schedule (engine.spec.schedule or engine.spec.controller) "
             "to change K live")
     if not hasattr(core, "_peagle_allowed_k"):
-        core._peagle_allowed_k = allowed_values(
-            sched.dynamic_sd_lookup[1:], max_k, _graphs_captured(core.vllm_config),
-            bool(core.vllm_config.speculative_config.parallel_drafting), any_k.installed())
+        core._peagle_allowed_k = allowed_k(
+            max_k, sched.dynamic_sd_lookup[1:], graphs_captured=_graphs_captured(core.vllm_config),
+            parallel_drafting=bool(core.vllm_config.speculative_config.parallel_drafting),
+            any_k_installed=any_k.installed())
     bad = sorted({int(r[2]) for r in schedule} - set(core._peagle_allowed_k))
     if bad:
         raise ValueError(f"K={bad} cannot run on this engine; allowed K values are {core._peagle_allowed_k} "

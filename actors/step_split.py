@@ -2,7 +2,7 @@
 
 vLLM 0.32 counts steps, drafts and accepted tokens, but times no phase of a step outside
 torch's profiler, whose traces are heavy (a trace file per run, overhead on every op) and
-give no per-batch-size sums. The speculation controller and `jobs.profile_steps` need three
+give no per-batch-size sums. The speculation controller and `tools.profile_steps` need three
 sums per decode step: the target model (forward + logits), the drafter (its whole
 `propose_draft_token_ids`: input preparation, forward passes, sampling of drafts) and the
 rest (scheduling, input preparation, sampling, rejection sampling, output bookkeeping).

@@ -99,7 +99,7 @@ def arm_overrides(arm: str, level_s: float = 12.0, config: str = "tiny") -> list
         return [*fixed_table, "engine.spec.schedule=[[1, 16, 0]]"]
     if arm == "static":
         from configs import load_config
-        from actors.spec_control import startup_schedule
+        from control.live import startup_schedule
 
         table = startup_schedule(load_config(config, ctl).engine)
         return [*fixed_table, f"engine.spec.schedule={table}"]

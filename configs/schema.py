@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from configs.sandbox_limits import MiB, SandboxLimits
+from configs.spec_k import check_schedule
 
 SpecMethod = Literal["peagle", "eagle3", "ngram", "none"]
 Device = Literal["cpu", "gpu"]
@@ -70,7 +71,7 @@ class SpecControllerConfig(StrictModel):
 
     calibration: str = Field(
         description="Step-cost calibration: a file name under configs/calibration (without "
-        ".json, e.g. 'cpu-tiny') or a path. Made by `python -m jobs.profile_steps` on the "
+        ".json, e.g. 'cpu-tiny') or a path. Made by `python -m tools.profile_steps` on the "
         "hardware the engines run on.",
     )
     interval_s: float = Field(2.0, gt=0, description="Seconds between two decisions.")
@@ -197,23 +198,6 @@ class SpecConfig(StrictModel):
         return self
 
 
-def check_schedule(schedule: list[tuple[int, int, int]], k_max: int) -> None:
-    if not schedule:
-        raise ValueError("spec.schedule must not be empty; omit it for a fixed K")
-    expected_lo = 1
-    for lo, hi, k in schedule:
-        if lo != expected_lo or hi < lo:
-            raise ValueError(
-                f"spec.schedule ranges must be contiguous from 1, got range {[lo, hi, k]!r} "
-                f"where lo={expected_lo} was expected"
-            )
-        if not 0 <= k <= k_max:
-            raise ValueError(
-                f"spec.schedule K must be in [0, num_speculative_tokens={k_max}], got {k!r}"
-            )
-        expected_lo = hi + 1
-
-
 class EngineConfig(StrictModel):
     """One vLLM engine (one actor). Defined once; batch jobs, Serve and the controller
     all hold this same type."""
@@ -279,6 +263,11 @@ class EngineConfig(StrictModel):
         "May not repeat a key this config already sets.",
     )
 
+    def without_speculation(self) -> "EngineConfig":
+        """The same engine started without a drafter: what a restart to plain runs, and the
+        plain side of a measurement."""
+        return self.model_copy(update={"spec": SpecConfig()})
+
 
 class PoolConfig(StrictModel):
     """The pool of engine actors and the resources each one holds."""
@@ -308,7 +297,7 @@ class PoolConfig(StrictModel):
     calibration: str | None = Field(
         None, description="Step-cost calibration (configs/calibration name or a path) the "
         "capacity estimate uses: tokens/s one engine delivers, engines a deadline needs. "
-        "Default: engine.spec.controller.calibration. Made by `python -m jobs.profile_steps` "
+        "Default: engine.spec.controller.calibration. Made by `python -m tools.profile_steps` "
         "on the hardware the engines run on.",
     )
     deadline_hours: float | None = Field(
@@ -556,6 +545,10 @@ class AppConfig(StrictModel):
         """The calibration the capacity estimate uses: the pool's, else the controller's."""
         controller = self.engine.spec.controller
         return self.pool.calibration or (controller.calibration if controller else None)
+
+    def without_speculation(self) -> "AppConfig":
+        """This config with its engine started without a drafter (`EngineConfig.without_speculation`)."""
+        return self.model_copy(update={"engine": self.engine.without_speculation()})
 
     def serving_engine(self) -> EngineConfig:
         """The engine config a Serve replica runs: the engine's, with the replica's step budget."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from configs.schema import EngineConfig, SpecConfig
+from configs.spec_k import allowed_k
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,22 +48,12 @@ def speculative_config(spec: SpecConfig) -> dict[str, Any] | None:
 
 
 def live_k_values(engine: EngineConfig) -> list[int]:
-    """The K values this engine can run per step (in its schedule, or put in force live).
-
-    * With CUDA graphs (not enforce_eager): only K values the start-up table contains,
-      plus 0 and the start-up K (graphs were captured for those decode shapes).
-    * P-EAGLE follows the same rule through the project's vLLM plugin `actors.any_k`,
-      which lays the parallel draft pass out for each step's K (vLLM 0.32 alone sizes it
-      from the start-up K and breaks below it: upstream #45695).
-    * Otherwise every K in 0..num_speculative_tokens.
-    """
+    """The K values this engine can run per step, from its config (`configs.spec_k`'s
+    rule): graphs are captured unless the engine is eager, and P-EAGLE runs through the
+    project's plugin `actors.any_k`, which lays the parallel draft pass out per step."""
     spec = engine.spec
-    k_max = spec.num_speculative_tokens or 0
-    if not k_max:
-        return [0]
-    if not engine.enforce_eager:
-        return sorted({0, k_max, *(k for _, _, k in spec.schedule or [])})
-    return list(range(k_max + 1))
+    return allowed_k(spec.num_speculative_tokens or 0, (k for _, _, k in spec.schedule or []),
+                     graphs_captured=not engine.enforce_eager, parallel_drafting=spec.method == "peagle")
 
 
 def to_vllm_kwargs(engine: EngineConfig) -> dict[str, Any]:

@@ -12,7 +12,7 @@ acceptance), and the shipped "on paper" calibrations:
 
 `python -m control.calibration [--out-dir configs/calibration]` regenerates those two and
 prints the residuals. Measured calibrations (cpu-tiny: the tiny model on this CPU) come
-from the profiling job `python -m jobs.profile_steps` (`make calibrate`) on the hardware
+from the profiling job `python -m tools.profile_steps` (`make calibrate`) on the hardware
 itself; this module never writes them. Knows nothing about policies, simulation or engines.
 """
 
@@ -101,7 +101,7 @@ def load_calibration(path: Path | str, *, allow_placeholder: bool = False) -> Ca
     cost = data.pop("step_cost", None)
     if data.get("status") == "placeholder" and not allow_placeholder:
         raise ValueError(f"{path} is a placeholder (no measurements fitted yet); "
-                         "measure it with `python -m jobs.profile_steps` on the hardware, "
+                         "measure it with `python -m tools.profile_steps` on the hardware, "
                          "or pass allow_placeholder=True")
     for key in ("measurements", "plain_measurements"):
         data[key] = tuple(StepMeasurement(**m) for m in data.get(key, ()))

@@ -65,7 +65,7 @@ class StepCostModel:
     # What a speculating engine pays on a K=0 step that an engine started without
     # speculation does not: vLLM 0.32 still runs the drafter's first pass on K=0 steps
     # (to keep the draft KV cache in sync). Seconds per step, plus per running request.
-    # Not part of the fitted features: measured against a plain engine (jobs.profile_steps).
+    # Not part of the fitted features: measured against a plain engine (tools.profile_steps).
     k0_draft_fixed_s: float = 0.0
     k0_draft_per_req_s: float = 0.0
 

@@ -84,7 +84,7 @@ class ControllerConfig:
     target_tpot_s: float  # latency target per output token, for capacity
     lookahead_follows_k: bool = False  # vLLM reserves K_max slots whatever the step's K
     # K values the engine can run; None = every K in 0..K_max. With CUDA graphs only the
-    # start-up table's (configs.vllm_args.live_k_values says why).
+    # start-up table's (configs.spec_k.allowed_k says why).
     allowed_k: tuple[int, ...] | None = None
     prior_drafts: float = 20.0  # weight of the prior, in drafts per position (a weak guess)
     acceptance_halflife_drafts: float = 1000.0  # forgetting: half weight after this many drafts

@@ -4,7 +4,7 @@ A K=0 table is not "no speculation": vLLM 0.32 still runs the drafter's first pa
 K=0 step (to keep the draft KV cache in sync for when K rises again), so an engine whose
 controller has turned drafting off everywhere still pays for its drafter. Only an engine
 started without speculation sheds that cost (`StepCostModel.k0_draft_*`, measured against
-a plain engine by `jobs.profile_steps`), and getting there costs a restart: the engine's
+a plain engine by `tools.profile_steps`), and getting there costs a restart: the engine's
 start-up time, measured at each start, during which the host serves nothing.
 
 The rule, on plain numbers:
@@ -27,7 +27,7 @@ The rule, on plain numbers:
   load that has held for a while does.
 - **No flapping**: no switch within `cooldown_intervals` of the previous one.
 
-Pure: no Ray, vLLM or clock. `actors.spec_control` feeds it each interval and carries
+Pure: no Ray, vLLM or clock. `control.live` feeds it each interval and carries
 out what it decides (`Engine.restart_engine`); the pool's permission (one host at a time,
 never below the healthy minimum) is asked outside this module.
 """

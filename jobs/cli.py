@@ -12,7 +12,8 @@ import logging
 import sys
 from typing import Any, Callable
 
-from configs import AppConfig, ConfigError, load_config, resource_plan, to_vllm_kwargs
+from configs import AppConfig, ConfigError, load_config, to_vllm_kwargs
+from control.plan import resource_plan
 
 
 OUTPUTS = "results: {out}/results/  errors: {out}/errors/  summary: {out}/_summary.json"

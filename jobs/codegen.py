@@ -18,7 +18,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from configs import AppConfig, ResourcePlan, resource_plan
+from configs import AppConfig
+from control.plan import ResourcePlan, resource_plan
 from control.capacity import steady_state_vs_paper
 from jobs.cli import OUTPUTS, job_main
 from jobs.job_report import TIMELINE_FILE, write_report

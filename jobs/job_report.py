@@ -211,7 +211,7 @@ def _pass_at_k(summary: dict, tasks: list[dict]) -> tuple[str, bytes | None]:
 def timeline_png(per_engine: dict[str, dict[str, Any]]) -> bytes | None:
     """The speculation controllers' timeline: per engine (at most `MAX_TIMELINE_PANELS`),
     the requests running and the K in force over the job, from the `timeline` of each
-    controller state (`actors.spec_control`: [seconds since the engine started, running
+    controller state (`control.live`: [seconds since the engine started, running
     requests, K in force, speculating]); spells without the drafter are shaded. PNG bytes,
     or None when no engine recorded a timeline."""
     engines = [(key, c["timeline"]) for key, c in sorted(per_engine.items()) if c.get("timeline")]

@@ -23,9 +23,9 @@ import sys
 import time
 from typing import Any, Sequence
 
-from configs import AppConfig, resource_plan
+from configs import AppConfig
+from control.plan import resource_plan
 from jobs.cli import handle_dry_run, parse_config, parser
-from jobs.profile_steps import plain_config
 
 WARMUP_TOKENS = 4
 
@@ -66,7 +66,7 @@ def measure(cfg: AppConfig, prompts: Sequence[str], max_tokens: int) -> dict[str
     if cfg.engine.spec.method == "none":
         raise ValueError("the preset runs without speculation (engine.spec.method='none'): nothing to compare")
     with_spec = run_engine(cfg, prompts, max_tokens)
-    without = run_engine(plain_config(cfg), prompts, max_tokens)
+    without = run_engine(cfg.without_speculation(), prompts, max_tokens)
     same = [a == b for a, b in zip(with_spec.pop("token_ids"), without.pop("token_ids"))]
     return {"method": cfg.engine.spec.method, "num_speculative_tokens": cfg.engine.spec.num_speculative_tokens,
             "prompts": len(prompts), "max_tokens": max_tokens, "with": with_spec, "without": without,

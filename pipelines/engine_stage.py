@@ -29,7 +29,7 @@ from pipelines.shardjob import columns, error_json, plain_rows
 if TYPE_CHECKING:
     import ray.data
 
-    from configs.plan import ResourcePlan
+    from control.plan import ResourcePlan
     from configs.schema import AppConfig
 
 # Batches one actor works on at once: Ray Data runs up to this many calls of an async

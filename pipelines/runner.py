@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from configs.load import dump_config
-from configs.plan import ResourcePlan, resource_plan
+from control.plan import ResourcePlan, resource_plan
 from pipelines.engine_stage import EngineReports, EngineStage, engine_pool, read_board, start_board
 from pipelines.shardjob import Parser, drain, read_stage, shard_item
 from pipelines.sink import Render, ShardCommitter, Tally

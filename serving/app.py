@@ -36,7 +36,8 @@ from ray import serve
 
 from actors.engine_lifecycle import ENGINE_DEATH_RETRIES
 from actors.requests import PRIORITY_BATCH
-from configs import AppConfig, load_config, resource_plan
+from configs import AppConfig, load_config
+from control.plan import resource_plan
 from serving.autoscale import autoscaling_config, autoscaling_stats
 from serving.batch_gate import BatchGate
 from serving.engine_retry import serve_across_deaths

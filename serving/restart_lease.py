@@ -1,7 +1,7 @@
 """One engine restart at a time per Serve app, never below its healthy minimum.
 
 A replica's speculation controller restarts its engine without the drafter (or back with
-it) only with the lease (`actors.spec_control.LiveSpecController.lease`): while a replica
+it) only with the lease (`control.live.LiveSpecController.lease`): while a replica
 restarts it serves nothing, so the lease goes to one replica at a time, and only when at
 least `min_healthy` OTHER replicas (the asker not counted) are alive to carry the load
 meanwhile. Alive = reported within `stale_s`. A holder that stops reporting loses the

@@ -60,7 +60,7 @@ def placements(preset: str, overrides: list[str]) -> dict[str, Any]:
     import ray.data
 
     from configs import load_config
-    from configs.plan import resource_plan
+    from control.plan import resource_plan
     from pipelines.engine_stage import engine_pool, start_board
 
     cfg = load_config(preset, overrides)

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from actors.spec_control import LiveSpecController
+from control.live import LiveSpecController
 from configs import load_config
 from control.calibration import load_calibration, save_calibration
 from humaneval_inputs import humaneval_requests

@@ -1,4 +1,4 @@
-"""`jobs.profile_steps` on the tiny model: one engine, K moved live, a calibration out.
+"""`tools.profile_steps` on the tiny model: one engine, K moved live, a calibration out.
 
 Runs the job as a user would (its own process: the engine core is spawned from it), on
 a small grid, and reads the file back with `control.calibration.load_calibration`, the
@@ -28,7 +28,7 @@ def profiled(tiny_models, repo_root, tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("calibration")
     out, plot = out_dir / "cpu-test.json", out_dir / "steps.png"
     proc = subprocess.run(
-        [sys.executable, "-m", "jobs.profile_steps", "--config", "tiny", "--out", str(out),
+        [sys.executable, "-m", "tools.profile_steps", "--config", "tiny", "--out", str(out),
          "--batch-sizes", ",".join(map(str, BATCH_SIZES)), "--ks", ",".join(map(str, KS)),
          "--tokens", "24", "--repeats", "2", "--max-repeats", "2", "--long-context", "0", "--plot", str(plot)],
         cwd=repo_root, capture_output=True, text=True, timeout=300)

@@ -18,7 +18,7 @@ import asyncio
 
 import pytest
 
-from actors.spec_control import LiveSpecController
+from control.live import LiveSpecController
 from configs import load_config
 from control.calibration import load_calibration
 

@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from configs import ConfigError, load_config, resource_plan
+from configs import ConfigError, load_config
+from control.plan import resource_plan
 from control.capacity import batch_pool_size, full_engine_throughput, steady_state_vs_paper
 from control.model import StepCostModel
 from pipelines.storage import FsSpec, count_rows, list_shards, read_shard

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from configs import ConfigError, load_config, preset_names, resource_plan, to_vllm_kwargs
+from configs import ConfigError, load_config, preset_names, to_vllm_kwargs
 from configs.sandbox_limits import SandboxLimits
 from configs.schema import CodeScoringConfig
 from configs.vllm_args import live_k_values
+from control.plan import resource_plan
 
 pytestmark = pytest.mark.unit
 
@@ -204,19 +205,23 @@ def test_importing_config_and_job_cli_does_not_import_vllm_or_torch():
 
 
 # Each package of the project and the project packages it may import: a layer uses only
-# layers below it. control is pure policy at the bottom; configs sits on it; jobs and
-# benchmarks are entry points at the top.
+# layers below it. configs (the typed settings and the rules on them) is at the bottom and
+# imports nothing of the project; control (policy, plans and the live loop) reads configs;
+# jobs, tools (calibration), deploy (manifests) and benchmarks are entry points at the top.
 LAYERS = {
-    "control": set(),
+    "configs": set(),
     "models": set(),
     "devtools": set(),
-    "configs": {"control"},
+    "control": {"configs"},
     "sandbox": {"configs"},
     "actors": {"configs", "control"},
     "serving": {"actors", "configs", "control"},
     "pipelines": {"actors", "configs", "control", "sandbox"},
     "jobs": {"actors", "configs", "control", "devtools", "models", "pipelines", "sandbox", "serving"},
-    "benchmarks": {"actors", "configs", "control", "devtools", "jobs", "models", "pipelines", "sandbox", "serving"},
+    "tools": {"actors", "configs", "control", "jobs"},
+    "deploy": {"configs", "control", "serving"},
+    "benchmarks": {"actors", "configs", "control", "devtools", "jobs", "models", "pipelines", "sandbox", "serving",
+                   "tools"},
 }
 
 
@@ -224,29 +229,63 @@ def test_every_package_has_a_layer():
     assert {p.parent.name for p in REPO.glob("*/__init__.py")} - {"tests"} == set(LAYERS)
 
 
+def _project_imports(path: Path) -> list[tuple[ast.AST, str]]:
+    """(node, imported name) for every import in a module, inside functions too; relative
+    imports resolved against the module's package; `from a import b` also as `a.b`."""
+    module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = module.split(".")[: -node.level] if node.level else []
+            target = ".".join([*base, *([node.module] if node.module else [])])
+            found += [(node, target)] + [(node, f"{target}.{alias.name}") for alias in node.names]
+    return found
+
+
 @pytest.mark.parametrize("package", sorted(LAYERS))
 def test_no_import_runs_up_the_layers(package):
     # Parsed, not imported, so the check has no side effects; imports inside functions count.
-    own = set(LAYERS)
-    offending = []
+    offending = set()
     for path in sorted((REPO / package).rglob("*.py")):
         module = ".".join(path.relative_to(REPO).with_suffix("").parts)
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:  # relative: resolve against the importing module's package
-                    base = module.split(".")[: -node.level]
-                    targets = [".".join([*base, *([node.module] if node.module else [])])]
-                else:
-                    targets = [node.module]
-            else:
-                continue
-            for target in targets:
-                top = target.split(".")[0]
-                if top in own - LAYERS[package] - {package} or not top:
-                    offending.append(f"{module} (line {node.lineno}): {ast.unparse(node)}")
-    assert not offending, f"{package} must import only {sorted(LAYERS[package])}:\n" + "\n".join(offending)
+        for node, target in _project_imports(path):
+            top = target.split(".")[0]
+            if top in set(LAYERS) - LAYERS[package] - {package} or not top:
+                offending.add(f"{module} (line {node.lineno}): {ast.unparse(node)}")
+    assert not offending, f"{package} must import only {sorted(LAYERS[package])}:\n" + "\n".join(sorted(offending))
+
+
+def test_no_two_modules_import_each_other_even_through_others():
+    modules = {".".join(p.relative_to(REPO).with_suffix("").parts): p
+               for package in LAYERS for p in (REPO / package).rglob("*.py") if p.name != "__init__.py"}
+    graph = {m: {t for _, t in _project_imports(p) if t in modules and t != m} for m, p in modules.items()}
+    # Strongly connected components (Tarjan); any with two or more modules is a circle.
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not circles, f"modules that import each other (directly or around a circle): {circles}"
 
 
 def test_code_scoring_defaults_are_the_sandbox_defaults():

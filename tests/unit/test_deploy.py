@@ -1,4 +1,4 @@
-"""KubeRay manifests from the presets (jobs.deploy): only fields KubeRay's v1 API defines,
+"""KubeRay manifests from the presets (deploy.render): only fields KubeRay's v1 API defines,
 engines whole on one node, the pods run the very config the cluster was sized from, the
 image carries every package, and the committed manifests are what the command renders."""
 
@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from configs import load_config
-from jobs.deploy import config_ref, main, render
-from jobs.kuberay import APP_DIR, GPU_RESOURCE
+from deploy.render import config_ref, main, render
+from deploy.kuberay import APP_DIR, GPU_RESOURCE
 
 pytestmark = pytest.mark.unit
 
@@ -176,12 +176,12 @@ def test_committed_manifests_are_what_the_command_renders_now():
     committed = sorted((REPO / "deploy").glob("*.yaml"))
     assert {p.name for p in committed} == {*(f"rayjob-{p}.yaml" for p in GPU_PRESETS),
                                            "rayservice-qwen3-coder-30b-a3b-b200.yaml"}
-    prefix = "# Rendered by: python -m jobs.deploy "
+    prefix = "# Rendered by: python -m deploy.render "
     for path in committed:
         text = path.read_text()
         assert text.startswith(prefix), path.name
         argv = shlex.split(text.splitlines()[0][len(prefix):])
-        assert render(argv) == text, (f"{path.name} is stale: python -m jobs.deploy {shlex.join(argv)} "
+        assert render(argv) == text, (f"{path.name} is stale: python -m deploy.render {shlex.join(argv)} "
                                       f"> deploy/{path.name}")
 
 
@@ -230,8 +230,8 @@ def test_command_prints_the_manifest_or_exits_2_with_the_reason(capsys):
 
 
 def test_rendering_imports_neither_ray_nor_vllm_nor_torch():
-    code = ("import sys, jobs.deploy;"
-            "jobs.deploy.render(['--preset', 'qwen3-coder-30b-a3b-b200', '--kind', 'rayservice']);"
+    code = ("import sys, deploy.render;"
+            "deploy.render.render(['--preset', 'qwen3-coder-30b-a3b-b200', '--kind', 'rayservice']);"
             "heavy = [m for m in ('vllm', 'torch', 'ray') if m in sys.modules];"
             "print(heavy); sys.exit(1 if heavy else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)

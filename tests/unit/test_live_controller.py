@@ -1,4 +1,4 @@
-"""The live controller loop (`actors.spec_control.LiveSpecController.step`), the code that
+"""The live controller loop (`control.live.LiveSpecController.step`), the code that
 runs inside every engine, replayed from stated measurements with an injected clock.
 
 The engine is a stand-in that records the tables put on it and answers with what an
@@ -16,7 +16,7 @@ import asyncio
 
 import pytest
 
-from actors.spec_control import TIMELINE_POINTS, LiveSpecController, startup_schedule
+from control.live import TIMELINE_POINTS, LiveSpecController, startup_schedule
 from actors.spec_stats import StepWindow
 from configs import load_config
 from control.baselines import dense_from_schedule

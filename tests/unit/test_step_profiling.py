@@ -7,8 +7,8 @@ import pytest
 from configs import load_config
 from control.calibration import StepMeasurement
 from control.model import StepCostModel
-from jobs.profile_report import measured_calibration, settled
-from jobs.profile_steps import Point, Window, plan_points, profile_config, summarize
+from tools.profile_report import measured_calibration, settled
+from tools.profile_steps import Point, Window, plan_points, profile_config, summarize
 
 pytestmark = pytest.mark.unit
 

@@ -27,14 +27,37 @@ import logging
 import time
 from collections import deque
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
+
+import numpy as np
 
 from configs.schema import EngineConfig, SpecControllerConfig
+from configs.vllm_args import live_k_values
+from control.baselines import dense_from_schedule
+from control.calibration import calibration_file, load_calibration
+from control.capacity import ReplicaCapacity, replica_capacity
+from control.model import max_batch_size, plain_step_time_s
+from control.policy import (ControllerConfig, Decision, ReplicaSignals, StepTimeSample, decide, initial_state,
+                            schedule_from_table)
+from control.replacement import (ReplacementConfig, ReplacementState, decide_replacement, load_times_per_token_s,
+                                 other_engine_faster_at_load, times_per_token_s)
 
-if TYPE_CHECKING:
-    from actors.engine import Engine
-    from control.capacity import ReplicaCapacity
-    from control.policy import ControllerConfig, Decision
+
+class LiveEngine(Protocol):
+    """What the controller needs of the engine it runs in (`actors.engine.Engine`): its
+    config, whether it drafts now, its step window and scheduler signals, and the two
+    levers, a new batch-size -> K table between two steps and a restart with or without
+    the drafter."""
+
+    cfg: EngineConfig
+    speculating: bool
+    step_window: Any  # `actors.spec_stats.StepWindow`: drain() -> the interval's measurements
+    signals: dict[str, Any]
+
+    async def set_spec_schedule(self, schedule: list[list[int]]) -> dict[str, Any]: ...
+
+    async def restart_engine(self, speculating: bool, drain_timeout_s: float = ...) -> float: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +74,9 @@ OFF_ADVICE = ("this engine still runs the drafter's first forward pass on every 
               "replica started without speculation (engine.spec.method: none) serves it faster")
 
 
-def controller_config(engine: EngineConfig, kv_capacity_tokens: int | None = None) -> "ControllerConfig":
+def controller_config(engine: EngineConfig, kv_capacity_tokens: int | None = None) -> ControllerConfig:
     """The policy's config for this engine: its K_max, batch limit and KV size, the
     calibrated step cost, and the settings from `engine.spec.controller`."""
-    from control.calibration import calibration_file, load_calibration
-    from configs.vllm_args import live_k_values
-    from control.policy import ControllerConfig
-
     settings: SpecControllerConfig = engine.spec.controller
     cal = load_calibration(calibration_file(settings.calibration, "spec.controller.calibration"))
     k_max = engine.spec.num_speculative_tokens
@@ -83,24 +102,17 @@ def startup_schedule(engine: EngineConfig) -> list[list[int]]:
     table), so the first interval already runs a sensible K at every batch size."""
     if engine.spec.schedule is not None:
         return [list(r) for r in engine.spec.schedule]
-    from control.policy import initial_state
-
     return _table_rows(initial_state(controller_config(engine)).k_by_batch)
 
 
-def plain_engine_capacity(config: "ControllerConfig", base_factor: float, plain_factor: float,
-                          context_tokens_per_req: float) -> "ReplicaCapacity":
+def plain_engine_capacity(config: ControllerConfig, base_factor: float, plain_factor: float,
+                          context_tokens_per_req: float) -> ReplicaCapacity:
     """What an engine started without the drafter serves at the latency target: K=0 at
     every batch size, each step the calibration's plain step (`plain_step_time_s`: no
     drafter pass) with the controller's base correction and the plain engine's own measured
     factor, as the restart rule predicts it; no draft slots reserved in the KV cache.
     The decided table's capacity (`Decision.capacity`) is the drafting engine's: a plain
     engine reporting it would size the pool on an engine that is not running."""
-    import numpy as np
-
-    from control.capacity import replica_capacity
-    from control.model import max_batch_size, plain_step_time_s
-
     n = config.max_num_seqs
     ctx = context_tokens_per_req
     step_s = np.array([[base_factor * plain_factor * plain_step_time_s(config.cost, b, b * ctx)]
@@ -111,8 +123,6 @@ def plain_engine_capacity(config: "ControllerConfig", base_factor: float, plain_
 
 def _table_rows(k_by_batch) -> list[list[int]]:
     """A dense batch-size -> K table as vLLM's [[lo, hi, K], ...] rows."""
-    from control.policy import schedule_from_table
-
     return [[int(v) for v in r] for r in schedule_from_table(k_by_batch)]
 
 
@@ -128,10 +138,8 @@ class LiveSpecController:
     that a decision can be replayed from recorded or stated measurements: the same
     `step()` then decides the same way on any machine, however fast it runs."""
 
-    def __init__(self, engine: "Engine", cfg: EngineConfig, kv_capacity_tokens: int | None, *,
+    def __init__(self, engine: LiveEngine, cfg: EngineConfig, kv_capacity_tokens: int | None, *,
                  measure: Callable[[], Window] | None = None, clock: Callable[[], float] = time.monotonic):
-        from control.policy import initial_state
-
         self.engine = engine
         self.measure = measure or engine.step_window.drain
         self.clock = clock
@@ -157,8 +165,6 @@ class LiveSpecController:
         self.all_off_since: float | None = None  # clock time the decided table went all K=0
         self._task: asyncio.Task | None = None
         # Drafting off by replacement (control.replacement): restart without the drafter, and back.
-        from control.replacement import ReplacementConfig, ReplacementState
-
         r = cfg.spec.controller.replacement
         self.replacement_enabled = r.enabled
         self.replacement_config = ReplacementConfig(r.min_gain, r.dwell_intervals, r.cost_margin, r.cooldown_intervals)
@@ -203,8 +209,6 @@ class LiveSpecController:
     async def step(self) -> None:
         """One interval: signals -> decision -> (maybe) a new table on the engine, and
         (maybe) a restart of the engine without its drafter or back with it."""
-        from control.policy import decide
-
         if getattr(self.engine, "restarting", False):
             return  # an operator's restart is under way: no table to put in force meanwhile
         self._resync_after_restart()
@@ -263,8 +267,6 @@ class LiveSpecController:
 
     def _observe_plain_steps(self, window: Window) -> None:
         """The plain engine's step times against the model's prediction for them."""
-        from control.model import plain_step_time_s
-
         decay = 0.5 ** (sum(s["num_steps"] for s in window["steps"]) / self.config.step_time_halflife_steps)
         self._plain_sums = [v * decay for v in self._plain_sums]
         for s in window["steps"]:
@@ -284,8 +286,6 @@ class LiveSpecController:
         and the steps around each request's start and end. This factor puts that back, for
         the engine that ran; the other engine's stays as last measured (1 until then: the
         calibration is believed until the engine has run)."""
-        from control.replacement import times_per_token_s
-
         cells = [c for c in window.get("busy", ()) if c["output_tokens"] > 0 and 1 <= c["batch_size"] <= self.config.max_num_seqs
                  and c["num_speculative_tokens"] <= self.config.max_num_speculative_tokens]
         if not cells:
@@ -329,9 +329,6 @@ class LiveSpecController:
 
     async def _consider_restart(self, signals, decision, ctx: float) -> None:
         """Restart the engine without its drafter (or back) when control.replacement says so."""
-        from control.replacement import (decide_replacement, load_times_per_token_s, other_engine_faster_at_load,
-                                         times_per_token_s)
-
         if not self.replacement_enabled or self.engine.cfg.spec.method == "none":
             return
         b = min(max(signals.num_running_reqs, 1), self.config.max_num_seqs)
@@ -406,16 +403,12 @@ class LiveSpecController:
 
     def _k_at(self, batch_size: int) -> int:
         """The K the table in force runs at this batch size (0 on a plain engine)."""
-        from control.baselines import dense_from_schedule
-
         if not self.engine.speculating:
             return 0
         dense = dense_from_schedule(self.in_force, self.config.max_num_seqs, self.config.max_num_speculative_tokens)
         return int(dense[batch_size - 1])
 
     def _signals(self, window: dict[str, Any]):
-        from control.policy import ReplicaSignals, StepTimeSample
-
         sig = self.engine.signals
         samples = tuple(
             StepTimeSample(s["batch_size"], s["num_speculative_tokens"], s["num_steps"], s["mean_step_time_s"],
@@ -492,7 +485,7 @@ class LiveSpecController:
             out["probe"] = (int(self.last.probe_num_speculative_tokens) or None) if speculating else None
         return out
 
-    def plain_capacity(self) -> "ReplicaCapacity":
+    def plain_capacity(self) -> ReplicaCapacity:
         """This engine's capacity at the latency target if it runs without the drafter."""
         return plain_engine_capacity(self.config, self.state_.step_time_scale[0], self.plain_factor,
                                      self.context_tokens_per_req)

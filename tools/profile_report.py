@@ -1,7 +1,7 @@
 """What the profiling job writes and shows: measurements -> a measured calibration.
 
 `measured_calibration` fits `control.model.StepCostModel` to the step times
-`jobs.profile_steps` measured (NNLS, `control.calibration.fit_step_cost`) and fills the
+`tools.profile_steps` measured (NNLS, `control.calibration.fit_step_cost`) and fills the
 calibration's record of where it came from: the machine, the engine config, each
 point's repeats and residual. `print_residuals` and `plot` show the fit. Knows nothing
 about engines or how the step times were taken.
@@ -75,7 +75,7 @@ def measured_calibration(cfg: AppConfig, measurements, repeat_step_times_s: Sequ
     }
     return Calibration(
         name=name, status="measured", cost=cost,
-        source=f"measured by jobs.profile_steps ({time.strftime('%Y-%m-%d')}) on {machine}; "
+        source=f"measured by tools.profile_steps ({time.strftime('%Y-%m-%d')}) on {machine}; "
                f"config {cfg.name}: {cfg.engine.model} + {spec.method} head {spec.head}, {cfg.engine.dtype}",
         acceptance_per_pos=tuple(round(a, 4) for a in acceptance_per_pos), max_num_seqs=cfg.engine.max_num_seqs,
         kv_capacity_tokens=kv_capacity_tokens, max_num_speculative_tokens=spec.num_speculative_tokens,

@@ -1,7 +1,7 @@
 """KubeRay manifests (RayJob, RayService) for a resolved config, as plain dicts.
 
 Owns the Kubernetes side of a deployment: a head group without GPUs, one worker group of
-whole GPU nodes sized from the resource plan (`configs.plan`: engines x TP over the GPUs
+whole GPU nodes sized from the resource plan (`control.plan`: engines x TP over the GPUs
 of a node), and what the pods get besides the config: image, service account (S3 access
 comes from it, never from keys in the manifest), node selector, tolerations. What runs in
 the pods is what a person runs by hand, `python -m jobs.codegen --config ... a.b=value`
@@ -9,7 +9,7 @@ for a RayJob and a Serve config importing `serving.app:build_app` for a RayServi
 engine, K and the node counts come from one config. Field names are KubeRay's ray.io/v1
 API (tests/unit/kuberay_fields.py names the version they were checked against).
 
-Knows nothing about presets, files or the command line (`jobs.deploy`).
+Knows nothing about presets, files or the command line (`deploy.render`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from typing import Any
 
 import yaml
 
-from configs import AppConfig, resource_plan
+from configs import AppConfig
+from control.plan import resource_plan
 from serving.serve_env import serve_env
 
 API_VERSION = "ray.io/v1"

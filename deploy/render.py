@@ -1,11 +1,11 @@
-"""Kubernetes manifests for KubeRay, from the config the job runs: `python -m jobs.deploy`.
+"""Kubernetes manifests for KubeRay, from the config the job runs: `python -m deploy.render`.
 
-    python -m jobs.deploy --preset qwen3-coder-30b-a3b-b200 \
+    python -m deploy.render --preset qwen3-coder-30b-a3b-b200 \
         --input s3://bucket/prompts/ --output s3://bucket/runs/1/ [a.b=value ...] > rayjob.yaml
-    python -m jobs.deploy --preset qwen3-coder-30b-a3b-b200 --kind rayservice > rayservice.yaml
+    python -m deploy.render --preset qwen3-coder-30b-a3b-b200 --kind rayservice > rayservice.yaml
 
 Loads the config as the job does (a preset or a file, then the overrides), sizes the
-cluster from its resource plan (`jobs.kuberay`) and prints a RayJob (batch code generation,
+cluster from its resource plan (`deploy.kuberay`) and prints a RayJob (batch code generation,
 `python -m jobs.codegen` with the same config and overrides) or a RayService (the online
 app, its Serve config: `--serve-config`, else configs/serve/PRESET.yaml, else one app on
 the preset). The first line of the output records the command, so a committed manifest can
@@ -28,12 +28,12 @@ import yaml
 
 from configs import AppConfig, ConfigError, load_config, preset_names
 from configs.load import PRESETS_DIR, resolve_config_path
-from jobs.kuberay import APP_DIR, DeployError, GpuNodes, PodSettings, codegen_entrypoint, gpu_nodes, rayjob, rayservice
+from deploy.kuberay import APP_DIR, DeployError, GpuNodes, PodSettings, codegen_entrypoint, gpu_nodes, rayjob, rayservice
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIGS_DIR = REPO_ROOT / "configs" / "serve"
 SERVE_IMPORT_PATH = "serving.app:build_app"
-COMMAND = "python -m jobs.deploy"
+COMMAND = "python -m deploy.render"
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,13 +1,13 @@
 """Step time against batch size and K on one live engine, fitted into a calibration.
 
-    python -m jobs.profile_steps [--config tiny] [a.b=value ...] --out configs/calibration/cpu-tiny.json
+    python -m tools.profile_steps [--config tiny] [a.b=value ...] --out configs/calibration/cpu-tiny.json
         [--batch-sizes 1,2,4,8,16] [--ks 0,4] [--tokens 64] [--repeats 3] [--max-repeats 6]
         [--budget-s 240] [--long-context 512] [--plot PATH] [--dry-run]
 
 Starts ONE engine with a batch-size table ([[1, max_num_seqs, K_max]]) and moves K
 live (`Engine.set_spec_schedule`), so every point runs in the same process with the same
 weights and KV cache. K takes the values the engine can run live (`--ks`, default all of
-`configs.vllm_args.live_k_values`: every K in 0..K_max on an eager engine); the fitted
+`configs.spec_k.allowed_k`: every K in 0..K_max on an eager engine); the fitted
 model gives the K in between. A point (B, K) runs B requests at once, greedy, `--tokens` output
 tokens each with `ignore_eos` (none stops early), and times its decode window: from the
 step that finished the last prefill to the last step all B requests were still running.
@@ -37,7 +37,7 @@ size (`--no-plain` skips this; `--add-plain` does only this, into an existing fi
 engine started without speculation saves (`k0_draft_fixed_s` + `k0_draft_per_req_s` x B)
 is what the speculation controller weighs against restarting the engine.
 
-Writes a `control.calibration.Calibration` (status "measured", `jobs.profile_report`):
+Writes a `control.calibration.Calibration` (status "measured", `tools.profile_report`):
 the measurements, the NNLS fit of `StepCostModel` with each point's relative residual,
 the engine's KV capacity, and the per-position acceptance of the engine's head on these
 prompts at the largest K. Knows nothing about policies: `control/` reads the file.
@@ -58,7 +58,7 @@ from typing import Any, Sequence
 from configs import AppConfig
 from configs.vllm_args import live_k_values
 from jobs.cli import handle_dry_run, parse_config, parser
-from jobs.profile_report import AGREE, settled
+from tools.profile_report import AGREE, settled
 
 POLL_S = 0.005  # how often the window watcher looks at the engine's step counter
 MIN_WINDOW_STEPS = 3
@@ -119,7 +119,7 @@ def profile_config(cfg: AppConfig, batch_sizes: Sequence[int], ks: Sequence[int]
     if not set(ks) <= set(allowed):
         raise ValueError(f"--ks {list(ks)!r}: this engine (spec.method={spec.method!r}, num_speculative_tokens="
                          f"{spec.num_speculative_tokens}) runs K in {allowed} only "
-                         "(configs.vllm_args.live_k_values says why)")
+                         "(configs.spec_k.allowed_k says why)")
     if min(batch_sizes) < 1 or max(batch_sizes) > max_num_seqs:
         raise ValueError(f"--batch-sizes must lie in [1, engine.max_num_seqs={max_num_seqs}], "
                          f"got {list(batch_sizes)!r}")
@@ -296,15 +296,6 @@ def _speculating(engine) -> bool:
     return engine.cfg.spec.method != "none"
 
 
-def plain_config(cfg: AppConfig) -> AppConfig:
-    """The same engine started without speculation (for the drafter's cost at K=0)."""
-    from configs.schema import SpecConfig
-
-    cfg = cfg.model_copy(deep=True)
-    cfg.engine.spec = SpecConfig()
-    return cfg
-
-
 def acceptance_per_pos(windows: Sequence[Window], k: int) -> list[float]:
     """Unconditional acceptance at positions 1..k over runs at K = k: accepted / drafts."""
     drafts = sum(w.num_drafts for w in windows)
@@ -377,7 +368,7 @@ def measure_plain(cfg: AppConfig, args) -> list:
     from actors.engine import Engine
 
     points = [Point(b, 0) for b in args.batch_sizes]
-    spec, plain = Engine(cfg.engine, cfg.sampling), Engine(plain_config(cfg).engine, cfg.sampling)
+    spec, plain = Engine(cfg.engine, cfg.sampling), Engine(cfg.engine.without_speculation(), cfg.sampling)
     print(f"speculating engine at K=0 and a plain engine (up in {plain.startup_s:.1f}s), in turn at "
           f"B={list(args.batch_sizes)}", flush=True)
 
@@ -444,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     from actors.engine import Engine
     from control.calibration import load_calibration, save_calibration
-    from jobs.profile_report import machine_description, measured_calibration, plot, print_residuals
+    from tools.profile_report import machine_description, measured_calibration, plot, print_residuals
 
     if args.add_plain:  # an existing calibration: only the plain engine is measured
         cal = with_plain(load_calibration(args.out.resolve()), measure_plain(cfg, args))

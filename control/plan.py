@@ -17,6 +17,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from configs.schema import AppConfig, EngineConfig, SpecConfig
+from configs.vllm_args import live_k_values
+from control.calibration import calibration_file, load_calibration
+from control.capacity import batch_pool_size, full_engine_throughput
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,6 @@ def resource_plan(cfg: AppConfig, num_rows: int | None = None) -> ResourcePlan:
 def _k_choices(engine: EngineConfig) -> tuple[list[int], int, bool]:
     """(K values this engine may run at full batch, its start-up K, whether a plain engine
     is one of its options)."""
-    from configs.vllm_args import live_k_values
-
     spec, max_num_seqs = engine.spec, engine.max_num_seqs
     if spec.method == "none":
         return [], 0, True
@@ -121,9 +122,6 @@ def capacity_estimate(cfg: AppConfig, num_rows: int) -> dict[str, Any] | None:
     """What the pool's calibration says about `num_rows` rows: one engine's tokens/s kept
     full, the pool's bounds (sized to the deadline where one is set) and the hours at each.
     None where the config names no calibration."""
-    from control.calibration import calibration_file, load_calibration
-    from control.capacity import batch_pool_size, full_engine_throughput
-
     if num_rows < 0:
         raise ValueError(f"num_rows must be >= 0, got {num_rows!r}")
     name = cfg.capacity_calibration()
