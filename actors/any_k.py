@@ -30,7 +30,6 @@ drafting yet; remove this module when it does (the canary will fail first).
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 from actors import k0_skip
 from actors.k0_skip import applies

@@ -19,6 +19,9 @@ import time
 import uuid
 from typing import Any
 
+from actors.k0_skip import METHOD as K0_SKIP_METHOD
+from actors.live_schedule import GET_METHOD as GET_SCHEDULE_METHOD, METHOD as SET_SCHEDULE_METHOD
+from actors.step_split import METHOD as STEP_SPLIT_METHOD
 from actors.requests import (
     GenerationRequest,
     RequestError,
@@ -317,8 +320,6 @@ class Engine(EngineLifecycle):
         in force. Raises ValueError naming the problem for a bad table or a K this engine
         cannot run (`configs.spec_k.allowed_k`); the engine core refuses a table
         when the engine was started without one."""
-        from actors.live_schedule import METHOD
-
         max_k = self.cfg.spec.num_speculative_tokens or 0
         if not max_k or not self.speculating:
             method = self.cfg.spec.method if self.speculating else "none (restarted without speculation)"
@@ -334,7 +335,7 @@ class Engine(EngineLifecycle):
         async with self.admitted():  # a restart waits for the call (the core answers before it stops)
             if not self.speculating:  # restarted plain while this call waited
                 raise ValueError("engine runs spec.method='none (restarted without speculation)': there is no K to change")
-            applied = await self._llm.engine_core.call_utility_async(METHOD, table)
+            applied = await self._llm.engine_core.call_utility_async(SET_SCHEDULE_METHOD, table)
         self.step_window.skip_next_gap()  # that gap holds the change itself
         return applied
 
@@ -349,30 +350,24 @@ class Engine(EngineLifecycle):
 
     async def spec_schedule(self) -> dict[str, Any]:
         """The batch-size -> K table in force."""
-        from actors.live_schedule import GET_METHOD
-
         async with self.admitted():
             if not self.speculating:
                 raise ValueError("engine runs without speculation (restarted plain): there is no K table")
-            return await self._llm.engine_core.call_utility_async(GET_METHOD)
+            return await self._llm.engine_core.call_utility_async(GET_SCHEDULE_METHOD)
 
     async def step_split(self, action: str = "read") -> dict[str, Any]:
         """Seconds per decode step spent in the target model, in drafting and in the rest,
         by batch size, timed inside the engine core (`actors.step_split`): action "start"
         begins (or restarts) the sums, "read" returns them, "stop" ends the timing."""
-        from actors.step_split import METHOD
-
         async with self.admitted():
-            return await self._llm.engine_core.call_utility_async(METHOD, action)
+            return await self._llm.engine_core.call_utility_async(STEP_SPLIT_METHOD, action)
 
     async def k0_skip(self, settings: dict[str, Any] | None = None) -> dict[str, Any]:
         """P-EAGLE K=0 skip counters (head forwards, skipped steps, catch-up passes), after
         applying test/benchmark `settings` (`actors.k0_skip`: catch_up, skip, stash_tokens,
         reset, force_k_cycle)."""
-        from actors.k0_skip import METHOD
-
         async with self.admitted():
-            return await self._llm.engine_core.call_utility_async(METHOD, settings)
+            return await self._llm.engine_core.call_utility_async(K0_SKIP_METHOD, settings)
 
     # -- introspection -----------------------------------------------------------------
 

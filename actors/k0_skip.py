@@ -28,6 +28,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Sequence
 
+from actors import step_split
+from actors.step_split import is_decode_step
+
 METHOD = "peagle_k0_skip"
 ATTR = "_peagle_k0"
 STASH_BUDGET_BYTES = 64 << 20  # per engine; the stash width W follows from it (design (c))
@@ -179,8 +182,6 @@ def propose(proposer: Any, k: int, args: dict[str, Any], run_pass: Callable[...,
 def _skip_or_catch_up(proposer, st: State, k: int, args: dict[str, Any], run_pass):
     import torch
 
-    from actors.step_split import is_decode_step
-
     if st.fail_next:
         st.fail_next = False
         raise RuntimeError("injected fault (test)")
@@ -313,8 +314,6 @@ def _utility(core: Any, settings: dict[str, Any] | None = None) -> dict[str, Any
     stash_tokens: int, reset: bool, force_k_cycle: list[int] | None, record_drafts: bool,
     inject_fault: bool),
     return the counters (and the drafts recorded, on record_drafts=False)."""
-    from actors import step_split
-
     runner = step_split._runner(core)
     drafter = getattr(runner, "drafter", None)
     if drafter is None or not applies(drafter):

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from actors import any_k, step_split
 from configs.spec_k import allowed_k
+from control.policy import schedule_from_table
 
 METHOD = "peagle_set_spec_schedule"
 GET_METHOD = "peagle_get_spec_schedule"
@@ -46,8 +48,6 @@ def _graphs_captured(vllm_config: Any) -> bool:
 
 def _set_spec_schedule(core: Any, schedule: list[list[int]]) -> dict[str, Any]:
     from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
-
-    from actors import any_k
 
     sched = core.scheduler
     max_k = getattr(sched, "num_spec_tokens", 0)
@@ -75,8 +75,6 @@ def _set_spec_schedule(core: Any, schedule: list[list[int]]) -> dict[str, Any]:
 
 
 def _describe(core: Any) -> dict[str, Any]:
-    from control.policy import schedule_from_table
-
     sched = core.scheduler
     lookup = getattr(sched, "dynamic_sd_lookup", None)
     max_k = getattr(sched, "num_spec_tokens", 0)
@@ -93,8 +91,6 @@ def install() -> None:
     """vLLM general-plugin entry point: give EngineCore the two utility methods, and the
     step-split one (`actors.step_split`). Safe to call many times and in any vLLM process."""
     from vllm.v1.engine.core import EngineCore
-
-    from actors import step_split
 
     if getattr(EngineCore, METHOD, None) is None:
         setattr(EngineCore, METHOD, _set_spec_schedule)

@@ -37,6 +37,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from control.model import plain_step_time_s, tokens_per_step
+from control.step_time import corrected_step_time_s
+
 
 @dataclass(frozen=True)
 class ReplacementConfig:
@@ -144,9 +147,6 @@ def times_per_token_s(
     """(speculating engine at K, plain engine): seconds per output token at this batch size.
     `scale` = the controller's (base, speculation) step-time corrections, `plain_factor` =
     the plain engine's measured steps over their prediction (1 until measured)."""
-    from control.model import plain_step_time_s, tokens_per_step
-    from control.step_time import corrected_step_time_s
-
     ctx = context_tokens_per_req * batch_size
     base = cost.step_time_s(batch_size, 0, ctx)
     spec_step = corrected_step_time_s(base, cost.step_time_s(batch_size, k, ctx), *scale)

@@ -14,6 +14,9 @@ from typing import Any, Callable
 
 from configs import AppConfig, ConfigError, load_config, to_vllm_kwargs
 from control.plan import resource_plan
+from pipelines.cpu_priority import give_way
+from pipelines.engine_stage import shards_to_keep_busy
+from pipelines.storage import FsSpec, StorageError, list_shards
 
 
 OUTPUTS = "results: {out}/results/  errors: {out}/errors/  summary: {out}/_summary.json"
@@ -41,8 +44,6 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 
 def dry_run_report(cfg: AppConfig, num_rows: int | None = None) -> dict:
-    from pipelines.engine_stage import shards_to_keep_busy
-
     plan = resource_plan(cfg, num_rows)
     shown = plan.as_dict()
     if plan.capacity is not None:
@@ -125,8 +126,6 @@ def run_or_explain(run: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
     (no such bucket, access denied, retries exhausted), also inside a Ray task: the job
     stops with a message naming the path, not a traceback or a hang. Transient S3 errors
     never get here (pipelines.storage retries them)."""
-    from pipelines.storage import StorageError
-
     try:
         return run()
     except Exception as exc:
@@ -156,12 +155,8 @@ def job_main(argv: list[str] | None, doc: str, run: Callable[[AppConfig], dict[s
     if not require_input_output(cfg):
         return 2
     if cfg.serve_app:  # this driver's work gives way to the replicas it shares a node with
-        from pipelines.cpu_priority import give_way
-
         give_way(cfg.batch_client.nice)
     if input_shards:
-        from pipelines.storage import FsSpec, list_shards
-
         try:
             list_shards(FsSpec(cfg.s3_endpoint_url), cfg.input)
         except OSError as exc:  # no shards there, no such bucket, access denied

@@ -23,7 +23,9 @@ from control.plan import ResourcePlan, resource_plan
 from control.capacity import steady_state_vs_paper
 from jobs.cli import OUTPUTS, job_main
 from jobs.job_report import TIMELINE_FILE, write_report
-from pipelines.engine_stage import shards_to_keep_busy
+from pipelines.codegen import codegen_spec
+from pipelines.engine_stage import EngineStage, shards_to_keep_busy
+from pipelines.runner import run_shard_job
 from pipelines.sink import summary_head
 from pipelines.storage import FsSpec, Shard, count_rows
 
@@ -34,10 +36,6 @@ COUNT_THREADS = 8
 
 def run_codegen(cfg: AppConfig, stage_cls: type | None = None) -> dict[str, Any]:
     """Run (or resume) the job; returns the summary it also writes to `_summary.json`."""
-    from pipelines.codegen import codegen_spec
-    from pipelines.engine_stage import EngineStage
-    from pipelines.runner import run_shard_job
-
     started = time.monotonic()
     run = run_shard_job(cfg, codegen_spec(cfg, stage_cls or EngineStage),
                         plan_for=lambda fs_spec, files: job_plan(cfg, fs_spec, files),

@@ -30,8 +30,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from configs import load_config
 from configs.vllm_args import REPO_ROOT
 from devtools.local_s3 import CREDENTIALS, LocalS3, free_port
+from models.build_tiny import default_artifacts_dir, ensure_built
 from pipelines.storage import FsSpec, OutputStore
 
 BUCKET = "peagle-demo"
@@ -169,8 +171,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", metavar="a.b=value")
     args = p.parse_args(argv)
 
-    from models.build_tiny import default_artifacts_dir, ensure_built
-
     tiny = default_artifacts_dir()
     ensure_built(tiny)
     measure_gain = not args.no_gain and speculating(args)
@@ -261,8 +261,6 @@ def format_report(gen: dict[str, Any], score: dict[str, Any]) -> str:
 
 
 def speculating(args) -> bool:
-    from configs import load_config
-
     return load_config(args.config, args.overrides).engine.spec.method != "none"
 
 

@@ -29,8 +29,11 @@ from configs import AppConfig
 from configs.schema import CodeScoringConfig
 from jobs.cli import job_main
 from jobs.job_report import write_report
+from pipelines.code_scoring import code_scoring_spec, pass_at_k_report, read_problems
+from pipelines.runner import run_shard_job
 from pipelines.sink import summary_head
 from pipelines.storage import FsSpec, OutputStore, Shard, list_shards
+from sandbox.launch import check_available
 
 log = logging.getLogger("jobs.score_code")
 
@@ -53,10 +56,6 @@ def input_shards(fs_spec: FsSpec, input_uri: str) -> list[tuple[str, list[Shard]
 
 def run_score_code(cfg: AppConfig, scoring: CodeScoringConfig) -> dict[str, Any]:
     """Run (or resume) the job; returns the summary it also writes to `_summary.json`."""
-    from pipelines.code_scoring import code_scoring_spec, pass_at_k_report, read_problems
-    from pipelines.runner import run_shard_job
-    from sandbox.launch import check_available
-
     check_available(scoring.sandbox_limits())  # on the driver too: fail fast, never unsandboxed
     fs_spec = FsSpec(cfg.s3_endpoint_url)
     problems = read_problems(fs_spec, scoring.problems)

@@ -27,6 +27,8 @@ from configs import AppConfig
 from configs.schema import LogprobScoringConfig
 from jobs.cli import OUTPUTS, job_main
 from jobs.job_report import write_report
+from pipelines.logprob_scoring import ScoreStage, logprob_spec
+from pipelines.runner import run_shard_job
 from pipelines.shardjob import totals
 from pipelines.sink import summary_head
 
@@ -35,9 +37,6 @@ log = logging.getLogger("jobs.score_logprobs")
 
 def run_score_logprobs(cfg: AppConfig, scoring: LogprobScoringConfig, stage_cls: type | None = None) -> dict[str, Any]:
     """Run (or resume) the job; returns the summary it also writes to `_summary.json`."""
-    from pipelines.logprob_scoring import ScoreStage, logprob_spec
-    from pipelines.runner import run_shard_job
-
     run = run_shard_job(cfg, logprob_spec(scoring, stage_cls or ScoreStage))
     markers = {**run.committed_before, **run.committer.markers}
     count = totals(markers, ("rows", "ok", "errors", "num_tokens", "total_logprob"))

@@ -23,9 +23,11 @@ import sys
 import time
 from typing import Any, Sequence
 
+from actors.engine import Engine
 from configs import AppConfig
 from control.plan import resource_plan
 from jobs.cli import handle_dry_run, parse_config, parser
+from pipelines.code_scoring import read_problems
 
 WARMUP_TOKENS = 4
 
@@ -52,8 +54,6 @@ async def _one_at_a_time(engine, prompts: Sequence[str], max_tokens: int) -> dic
 
 
 def run_engine(cfg: AppConfig, prompts: Sequence[str], max_tokens: int) -> dict[str, Any]:
-    from actors.engine import Engine
-
     engine = Engine(cfg.engine, cfg.sampling)
     try:
         return asyncio.run(_one_at_a_time(engine, prompts, max_tokens))
@@ -103,8 +103,6 @@ def main(argv: list[str] | None = None) -> int:
     if handle_dry_run(args, cfg):
         return 0
     import ray
-
-    from pipelines.code_scoring import read_problems
 
     prompts = [p["prompt"] for p in list(read_problems(None, None).values())[:args.prompts]]
     ray.init(ignore_reinit_error=True, log_to_driver=False)

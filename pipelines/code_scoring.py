@@ -22,17 +22,16 @@ import json
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
 
+from configs.schema import CodeScoringConfig
 from pipelines.passk import overall_pass_at_k, task_pass_at_k
 from pipelines.rows import SAMPLE_SEP, RowError
-from pipelines.runner import ShardJobSpec
+from pipelines.runner import Inputs, ShardJobSpec
 from pipelines.shardjob import columns, load_json_line, plain_rows
+from pipelines.storage import FsSpec
+from sandbox.launch import check_available, run_python
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # Ray is imported where it is used (pipelines/engine_stage.py says why)
     import ray.data
-
-    from configs.schema import CodeScoringConfig
-    from pipelines.runner import Inputs
-    from pipelines.storage import FsSpec
 
 # The Codex paper's stop sequences: a completion ends where the function body ends.
 HUMANEVAL_STOP = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
@@ -140,8 +139,6 @@ class RunSamples:
         self.marker = marker
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
-        from sandbox.launch import check_available
-
         check_available(self.limits)  # fail the task (and the job) rather than run unsandboxed
         rows = plain_rows(batch)
         for row in rows:
@@ -152,8 +149,6 @@ class RunSamples:
         return columns(rows)
 
     def verdict(self, payload: dict) -> tuple[str | None, str | None]:
-        from sandbox.launch import run_python
-
         task_id = payload["task_id"]
         if "verdict" in payload:
             return json.dumps({"task_id": task_id, "passed": False, **payload["verdict"]}), None

@@ -19,6 +19,7 @@ from configs.schema import AppConfig, SamplingDefaults
 from pipelines.engine_stage import CONCURRENT_BATCHES_PER_ACTOR, EngineStage
 from pipelines.rows import parse_line, parse_row, response_line, sample_requests
 from pipelines.runner import ShardJobSpec
+from pipelines.serve_stage import ServeStage
 
 if TYPE_CHECKING:
     import ray.data
@@ -61,8 +62,6 @@ SERVE_CLIENT_CPUS = 0.25
 def _via_serve(ds: "ray.data.Dataset", cfg: AppConfig, plan: ResourcePlan, board) -> "ray.data.Dataset":
     """Rows go to a running Serve app's replicas (shared with online traffic)."""
     import ray.data
-
-    from pipelines.serve_stage import ServeStage
 
     return ds.map_batches(
         ServeStage,

@@ -17,20 +17,21 @@ them. Knows nothing about S3, row formats or commits.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from actors.engine import Engine
 from actors.spec_stats import SpecDecodeStats
-from pipelines.shardjob import columns, error_json, plain_rows
+from configs.schema import AppConfig
+from control.plan import ResourcePlan
+from pipelines.shardjob import RowStage
 
+# Ray is imported where it is used: importing pipelines (as jobs.cli's --dry-run does) must
+# not start Ray's import (seconds; tests/unit/test_configs.py checks it).
 if TYPE_CHECKING:
     import ray.data
-
-    from control.plan import ResourcePlan
-    from configs.schema import AppConfig
 
 # Batches one actor works on at once: Ray Data runs up to this many calls of an async
 # UDF concurrently per task (RAY_DATA_DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY, 4). A slow
@@ -51,13 +52,11 @@ def shards_to_keep_busy(num_engines: int) -> int:
     return num_engines * CONCURRENT_BATCHES_PER_ACTOR
 
 
-class EngineStage:
-    """map_batches callable class (run on an actor pool): rows -> rows + `result` JSON."""
+class EngineStage(RowStage):
+    """The row protocol (`pipelines.shardjob.RowStage`) on one engine of the job's own pool
+    (a map_batches callable class, run on an actor pool)."""
 
     def __init__(self, cfg: dict[str, Any], board=None):
-        from actors.engine import Engine
-        from configs.schema import AppConfig
-
         app = AppConfig.model_validate(cfg)
         self.engine = Engine(app.engine, app.sampling, device=app.pool.device)
         self.node_id = _node_id()
@@ -71,22 +70,12 @@ class EngineStage:
         out = await self.engine.generate(payload["request"])
         return {**out, "kind": payload["kind"]}
 
-    async def _run_row(self, row: dict[str, Any]) -> dict[str, Any]:
-        row["result"] = None
-        if row["error"] is None:
-            async with self.slots:
-                out = await self.run(row["custom_id"], json.loads(row["payload"]))
-            if out.get("ok", True):
-                row["result"] = json.dumps(out)
-            else:
-                row["error"] = error_json(out["error"]["reason"], out["error"]["message"])
-        return row
+    def _admit(self) -> asyncio.Semaphore:
+        return self.slots
 
-    async def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
-        rows = await asyncio.gather(*(self._run_row(r) for r in plain_rows(batch)))
+    async def _after_batch(self) -> None:
         if self.board is not None:
             await self.board.report.remote(self.engine_key, {**self.engine.stats_dict(), "node_id": self.node_id})
-        return columns(list(rows))
 
     def __del__(self):
         # Ray Data calls this when it retires the actor: stop the engine core first, so

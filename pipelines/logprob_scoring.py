@@ -12,15 +12,13 @@ and log-probs and the top-N alternatives. Knows nothing about S3 or commits.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipelines.engine_stage import EngineStage
 from pipelines.rows import RowError
 from pipelines.runner import ShardJobSpec
+from configs.schema import LogprobScoringConfig
 from pipelines.shardjob import load_json_line
-
-if TYPE_CHECKING:
-    from configs.schema import LogprobScoringConfig
 
 ROW_KEYS = {"custom_id", "id", "prompt", "completion"}
 
@@ -53,8 +51,6 @@ class ScoreStage(EngineStage):
     """The engine stage, scoring: a row -> its completion's log-probabilities."""
 
     def __init__(self, cfg: dict[str, Any], scoring: dict[str, Any], board=None):
-        from configs.schema import LogprobScoringConfig
-
         super().__init__(cfg, board)
         self.scoring = LogprobScoringConfig.model_validate(scoring)
 

@@ -20,16 +20,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from configs.load import dump_config
+from configs.schema import AppConfig
 from control.plan import ResourcePlan, resource_plan
 from pipelines.engine_stage import EngineReports, EngineStage, engine_pool, read_board, start_board
 from pipelines.shardjob import Parser, drain, read_stage, shard_item
 from pipelines.sink import Render, ShardCommitter, Tally
 from pipelines.storage import FsSpec, OutputStore, Shard, list_shards
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # Ray is imported where it is used (pipelines/engine_stage.py says why)
     import ray.data
-
-    from configs.schema import AppConfig
 
 log = logging.getLogger(__name__)
 

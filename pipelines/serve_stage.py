@@ -12,23 +12,24 @@ Knows nothing about vLLM or S3.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 
+from configs.schema import AppConfig
 from pipelines.backpressure import AdaptiveWindow
-from pipelines.shardjob import columns, error_json, plain_rows
+from pipelines.cpu_priority import give_way
+from pipelines.shardjob import RowStage
 
 BUSY_GIVE_UP_S = 3600.0
 MAX_REPLICA_FAILURES = 3
 
 
-class ServeStage:
+class ServeStage(RowStage):
+    """The row protocol (`pipelines.shardjob.RowStage`) on a running Serve app's replicas,
+    through its batch door, in an adaptive window that backs off while they are busy."""
+
     def __init__(self, cfg: dict[str, Any], board=None):
         from ray import serve
-
-        from configs.schema import AppConfig
-        from pipelines.cpu_priority import give_way
 
         app = AppConfig.model_validate(cfg)
         give_way(app.batch_client.nice)  # batch gives way to the replicas on a shared node
@@ -48,11 +49,7 @@ class ServeStage:
         finally:
             await self.window.release()
 
-    async def _run_row(self, row: dict[str, Any]) -> dict[str, Any]:
-        row["result"] = None
-        if row["error"] is not None:
-            return row
-        payload = json.loads(row["payload"])
+    async def run(self, custom_id: str, payload: dict[str, Any]) -> dict[str, Any]:
         started, attempt, failures = time.monotonic(), 0, 0
         while True:
             try:
@@ -77,11 +74,4 @@ class ServeStage:
         if "engine_stats" in result and self.board is not None:
             await self.board.report.remote(f"replica-{result['replica_pid']}", result.pop("engine_stats"))
         result.pop("engine_stats", None)
-        if result["ok"]:
-            row["result"] = json.dumps({**result, "kind": payload["kind"]})
-        else:
-            row["error"] = error_json(result["error"]["reason"], result["error"]["message"])
-        return row
-
-    async def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
-        return columns(list(await asyncio.gather(*(self._run_row(r) for r in plain_rows(batch)))))
+        return {**result, "kind": payload["kind"]} if result["ok"] else result

@@ -2,8 +2,9 @@
 dataset into the job's committer (`pipelines.sink.ShardCommitter`).
 
 A shard job is a short spec over these: a parser (raw record -> [(custom_id, payload)]),
-a stage that adds `result` to rows (an engine stage, `pipelines.engine_stage`, or any
-other map_batches callable), and a render and tally for the committer. Codegen
+a stage that adds `result` to rows (`RowStage`, the base of the engine stage
+`pipelines.engine_stage` and of the Serve client `pipelines.serve_stage`, or any other
+map_batches callable), and a render and tally for the committer. Codegen
 (`pipelines.codegen`), likelihood scoring (`pipelines.logprob_scoring`) and code scoring
 (`pipelines.code_scoring`) are three such specs.
 
@@ -17,6 +18,8 @@ stops the job. Knows nothing about engines, S3 layout or commit semantics.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -26,12 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.cpu_priority import give_way
 from pipelines.rows import RowError
+from pipelines.sink import ShardCommitter
 from pipelines.storage import FsSpec, Shard, StorageError, read_shard
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # Ray is imported where it is used (pipelines/engine_stage.py says why)
     import ray.data
-
-    from pipelines.sink import ShardCommitter
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +135,43 @@ def plain_rows(batch: dict[str, Any]) -> list[dict[str, Any]]:
 def columns(rows: list[dict[str, Any]]) -> dict[str, list]:
     """Rows with their `result` -> a batch of columns."""
     return {k: [r.get(k) for r in rows] for k in (*ROW_COLUMNS, "result")}
+
+
+class RowStage:
+    """What every host of the row protocol shares, as a Ray Data map_batches callable: the
+    job's own engines (`pipelines.engine_stage.EngineStage`) and a Serve app's replicas
+    (`pipelines.serve_stage.ServeStage`). Every row of a batch runs concurrently; a row
+    that already carries an error passes through untouched; `run`'s answer becomes the
+    row's `result` (JSON), or its `error` where the answer is
+    {"ok": False, "error": {reason, message}}. A host says what one row asks (`run`) and,
+    where it needs to, how a row is admitted (`_admit`) and what follows a batch
+    (`_after_batch`)."""
+
+    async def run(self, custom_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _admit(self) -> Any:
+        """An async context manager each row runs inside (default: none)."""
+        return contextlib.nullcontext()
+
+    async def _after_batch(self) -> None:
+        """Runs once a batch's rows are done, before they go on (default: nothing)."""
+
+    async def _run_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        row["result"] = None
+        if row["error"] is None:
+            async with self._admit():
+                out = await self.run(row["custom_id"], json.loads(row["payload"]))
+            if out.get("ok", True):
+                row["result"] = json.dumps(out)
+            else:
+                row["error"] = error_json(out["error"]["reason"], out["error"]["message"])
+        return row
+
+    async def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
+        rows = await asyncio.gather(*(self._run_row(r) for r in plain_rows(batch)))
+        await self._after_batch()
+        return columns(list(rows))
 
 
 def drain(ds: "ray.data.Dataset", committer: "ShardCommitter", todo: list[str],

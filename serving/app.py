@@ -34,6 +34,7 @@ from typing import Any
 import ray
 from ray import serve
 
+from actors.engine import Engine
 from actors.engine_lifecycle import ENGINE_DEATH_RETRIES
 from actors.requests import PRIORITY_BATCH
 from configs import AppConfig, load_config
@@ -41,7 +42,9 @@ from control.plan import resource_plan
 from serving.autoscale import autoscaling_config, autoscaling_stats
 from serving.batch_gate import BatchGate
 from serving.engine_retry import serve_across_deaths
+from serving.metrics import ReplicaMetrics
 from serving.middleware import Guards
+from serving.restart_lease import ReplicaLease, min_healthy_during_restart
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +54,6 @@ METRICS_EVERY_S = 5.0
 @serve.ingress()
 class EngineReplica:
     def __init__(self, cfg: dict[str, Any]):
-        from actors.engine import Engine
-
         self.cfg = AppConfig.model_validate(cfg)
         self.engine = Engine(self.cfg.serving_engine(), self.cfg.sampling, device=self.cfg.pool.device)
         self.lease = None
@@ -62,8 +63,6 @@ class EngineReplica:
             # Restarts without the drafter (and back) one replica at a time, while at least
             # pool.min_actors - 1 others serve (serving.restart_lease): a pool at its
             # minimum, a lone replica included, may still restart one.
-            from serving.restart_lease import ReplicaLease, min_healthy_during_restart
-
             self.lease = ReplicaLease(context.app_name, context.replica_tag,
                                       min_healthy=min_healthy_during_restart(self.cfg.pool.min_actors))
             controller.lease = self.lease
@@ -152,8 +151,6 @@ class EngineReplica:
         return autoscaling_stats(max(engine_requests, self.batch_gate.num_rows), capacity)
 
     async def _export_metrics(self) -> None:
-        from serving.metrics import ReplicaMetrics
-
         context = serve.get_replica_context()
         metrics = ReplicaMetrics(context.replica_tag if context else str(os.getpid()))
         while True:

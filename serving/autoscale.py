@@ -32,12 +32,10 @@ import logging
 import math
 import time
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
+from configs.schema import ServeConfig
 from control.capacity import ReplicaCapacity, target_replicas
-
-if TYPE_CHECKING:
-    from configs.schema import ServeConfig
 
 # A child of Serve's logger, so decisions land in the Serve controller's log.
 log = logging.getLogger("ray.serve.peagle_autoscale")
