@@ -29,7 +29,7 @@ from configs import AppConfig
 from configs.schema import CodeScoringConfig
 from jobs.cli import job_main
 from jobs.job_report import write_report
-from pipelines.code_scoring import code_scoring_spec, pass_at_k_report, read_problems
+from pipelines.score_code import code_scoring_spec, pass_at_k_report, read_problems
 from pipelines.runner import run_shard_job
 from pipelines.sink import summary_head
 from pipelines.storage import FsSpec, OutputStore, Shard, list_shards

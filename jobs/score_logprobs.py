@@ -27,7 +27,7 @@ from configs import AppConfig
 from configs.schema import LogprobScoringConfig
 from jobs.cli import OUTPUTS, job_main
 from jobs.job_report import write_report
-from pipelines.logprob_scoring import ScoreStage, logprob_spec
+from pipelines.score_logprobs import ScoreStage, logprob_spec
 from pipelines.runner import run_shard_job
 from pipelines.shardjob import totals
 from pipelines.sink import summary_head

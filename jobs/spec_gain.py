@@ -27,7 +27,7 @@ from actors.engine import Engine
 from configs import AppConfig
 from control.plan import resource_plan
 from jobs.cli import handle_dry_run, parse_config, parser
-from pipelines.code_scoring import read_problems
+from pipelines.score_code import read_problems
 
 WARMUP_TOKENS = 4
 

@@ -7,5 +7,7 @@ docs/tiny-model.md) and kept as is by
 `python -m models.build_tiny`, which otherwise builds random weights locally and
 deterministically. See `models.build_tiny` for the entry points others import
 (`default_artifacts_dir`, `ensure_built`). Importing this package imports nothing
-heavy (no torch, no vLLM).
+heavy (no torch, no vLLM): the modules that need torch (`torch_*`, `train_*`, `grow`)
+are imported inside the functions that use them, so that `make install`'s artifact check
+and the demo stay torch-free.
 """

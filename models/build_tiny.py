@@ -33,9 +33,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from models import layout
+from models import layout, weights
 from models.spec import TinySpec
-from models.tokenizer import DEFAULT_CORPUS_MAX_BYTES, write_json
+from models.tokenizer import DEFAULT_CORPUS_MAX_BYTES, MASK_TOKEN, SPECIAL_TOKEN_IDS, train_tokenizer, write_json
 
 # Bump when anything that changes the bytes of a build changes (forces a rebuild).
 BUILDER_VERSION = 2
@@ -110,9 +110,6 @@ def _build_into(out_dir: Path, seed: int, spec: TinySpec, trained: dict | None =
     "peagle-head", "eagle3-head" to float32 numpy tensors, "training" to a summary
     recorded in build_info.json and, optionally, "tokenizer" to the already trained
     tokenizer (saves training it again)."""
-    from models import weights
-    from models.tokenizer import MASK_TOKEN, SPECIAL_TOKEN_IDS, train_tokenizer
-
     started = time.monotonic()
     tokenizer = (trained or {}).get("tokenizer") or train_tokenizer(
         spec.vocab_size, DEFAULT_CORPUS_MAX_BYTES)

@@ -22,9 +22,21 @@ import ast
 import hashlib
 import json
 import sys
+import sysconfig
 import time
 import zipfile
 from pathlib import Path
+
+import numpy as np
+
+from models.tokenizer import (
+    DEFAULT_CORPUS_MAX_BYTES,
+    DEFAULT_VOCAB_SIZE,
+    EOS_TOKEN,
+    SPECIAL_TOKEN_IDS,
+    stdlib_source_files,
+    train_tokenizer,
+)
 
 VAL_PER_MILLE = 20  # ~2% of files held out
 # Budgets cap the bytes of source read per split (files in sorted order).
@@ -47,12 +59,6 @@ def write_corpus(out_path: Path, tokenizer, max_train_bytes: int | None = None,
                  max_val_bytes: int | None = None, stdlib_dir: Path | None = None,
                  extra_meta: dict | None = None) -> dict:
     """Tokenize the stdlib into out_path; returns the meta dict (extra_meta merged in)."""
-    import sysconfig
-
-    import numpy as np
-
-    from models.tokenizer import EOS_TOKEN, SPECIAL_TOKEN_IDS, stdlib_source_files
-
     root = Path(stdlib_dir or sysconfig.get_paths()["stdlib"])
     eos_id = SPECIAL_TOKEN_IDS[EOS_TOKEN]
     texts: dict[str, list[str]] = {"train": [], "val": []}
@@ -136,12 +142,6 @@ def load_corpus(path: Path | str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from models.tokenizer import (
-        DEFAULT_CORPUS_MAX_BYTES,
-        DEFAULT_VOCAB_SIZE,
-        train_tokenizer,
-    )
-
     parser = argparse.ArgumentParser(prog="python -m models.data", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="corpus .npz path")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="full")

@@ -5,7 +5,7 @@ brings the engines' counters to the driver.
 batch concurrently, at most `pool.max_requests_in_flight` rows in the engine at once;
 Ray Data runs several batches per actor at once, so vLLM keeps batching across rows and
 batches (no idle engine while the slowest row of one batch finishes). What one row asks
-of the engine is `run` (generation here; `pipelines.logprob_scoring.ScoreStage` scores).
+of the engine is `run` (generation here; `pipelines.score_logprobs.ScoreStage` scores).
 Rows that already carry an error pass through untouched.
 `engine_pool` maps a stage over a dataset on the actor pool a `ResourcePlan` sizes.
 After each batch a stage reports its engine's cumulative statistics to the job's

@@ -5,8 +5,8 @@ A shard job is a short spec over these: a parser (raw record -> [(custom_id, pay
 a stage that adds `result` to rows (`RowStage`, the base of the engine stage
 `pipelines.engine_stage` and of the Serve client `pipelines.serve_stage`, or any other
 map_batches callable), and a render and tally for the committer. Codegen
-(`pipelines.codegen`), likelihood scoring (`pipelines.logprob_scoring`) and code scoring
-(`pipelines.code_scoring`) are three such specs.
+(`pipelines.codegen`), likelihood scoring (`pipelines.score_logprobs`) and code scoring
+(`pipelines.score_code`) are three such specs.
 
 Row columns (all plain values): shard, row_no (unique within the shard: one input line
 may give several rows, e.g. n samples), line_no (1-based, across the shard's files),

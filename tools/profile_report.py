@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from configs import AppConfig
+from control.calibration import Calibration, fit_step_cost
+from control.model import StepCostModel
 
 AGREE = 0.10  # a point is settled when its two fastest runs agree this closely
 
@@ -48,9 +50,6 @@ def measured_calibration(cfg: AppConfig, measurements, repeat_step_times_s: Sequ
     """The NNLS fit of the step-cost model to `measurements` (one per grid point, with the
     step time of each of its runs in `repeat_step_times_s`) as a measured Calibration.
     `machine`: what it ran on (`machine_description()`)."""
-    from control.calibration import Calibration, fit_step_cost
-    from control.model import StepCostModel
-
     spec = cfg.engine.spec
     drafting = "sequential" if spec.method == "eagle3" else "parallel"
     names = fitted_coefficients(drafting, context_varied)

@@ -55,10 +55,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from actors.engine import Engine
 from configs import AppConfig
 from configs.vllm_args import live_k_values
+from control.calibration import StepMeasurement, fit_k0_draft_cost, load_calibration, save_calibration
 from jobs.cli import handle_dry_run, parse_config, parser
-from tools.profile_report import AGREE, settled
+from tools.profile_report import AGREE, machine_description, measured_calibration, plot, print_residuals, settled
 
 POLL_S = 0.005  # how often the window watcher looks at the engine's step counter
 MIN_WINDOW_STEPS = 3
@@ -237,8 +239,6 @@ def split_of(step_time_s: float, windows: Sequence[Window]) -> dict[str, float] 
 
 def summarize(point: Point, windows: Sequence[Window]):
     """A point's repeats -> one StepMeasurement: the mean of its two fastest repeats."""
-    from control.calibration import StepMeasurement
-
     best = sorted(windows, key=lambda w: w.step_time_s)[:2]
     step_time_s = statistics.fmean(w.step_time_s for w in best)
     return StepMeasurement(
@@ -365,8 +365,6 @@ def measure_plain(cfg: AppConfig, args) -> list:
     engine started without speculation, side by side in one process, a run of each in turn
     at every batch size, so load from elsewhere hits both alike. Returns pairs of
     measurements: (plain, speculating at K=0) per batch size."""
-    from actors.engine import Engine
-
     points = [Point(b, 0) for b in args.batch_sizes]
     spec, plain = Engine(cfg.engine, cfg.sampling), Engine(cfg.engine.without_speculation(), cfg.sampling)
     print(f"speculating engine at K=0 and a plain engine (up in {plain.startup_s:.1f}s), in turn at "
@@ -404,8 +402,6 @@ def measure_plain(cfg: AppConfig, args) -> list:
 def with_plain(cal, pairs):
     """The calibration with the drafter's K=0 cost fitted from (plain, speculating at K=0)
     measurement pairs; both sides are kept in the file (`plain_measurements`)."""
-    from control.calibration import fit_k0_draft_cost
-
     if not pairs:
         return cal
     cal = replace(cal, cost=fit_k0_draft_cost(cal.cost, pairs),
@@ -433,9 +429,6 @@ def main(argv: list[str] | None = None) -> int:
     if handle_dry_run(args, cfg):
         return 0
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    from actors.engine import Engine
-    from control.calibration import load_calibration, save_calibration
-    from tools.profile_report import machine_description, measured_calibration, plot, print_residuals
 
     if args.add_plain:  # an existing calibration: only the plain engine is measured
         cal = with_plain(load_calibration(args.out.resolve()), measure_plain(cfg, args))

@@ -11,7 +11,7 @@ from pipelines.storage import FsSpec
 
 def humaneval_requests(limit: int | None = None) -> list[dict]:
     """The first `limit` HumanEval problems as `Engine.generate` requests, id = task_id."""
-    from pipelines.code_scoring import read_problems
+    from pipelines.score_code import read_problems
 
     problems = list(read_problems(None, None).values())[:limit]
     return [{"id": p["task_id"], "prompt": p["prompt"]} for p in problems]
@@ -20,9 +20,9 @@ def humaneval_requests(limit: int | None = None) -> list[dict]:
 def write_codegen_input(fs_spec: FsSpec, prefix: str, n: int, num_shards: int = 4, limit: int | None = None,
                         **sampling: Any) -> int:
     """Write a `jobs.codegen` input for n samples per HumanEval task (a row per task; the
-    job gives samples ids `TASK#i`, seeds seed+i: `pipelines.code_scoring.codegen_input_rows`);
+    job gives samples ids `TASK#i`, seeds seed+i: `pipelines.score_code.codegen_input_rows`);
     returns the number of samples, the rows the job's summary counts."""
-    from pipelines.code_scoring import codegen_input_rows, read_problems
+    from pipelines.score_code import codegen_input_rows, read_problems
 
     problems = dict(list(read_problems(fs_spec, None).items())[:limit])
     tasks = list(problems)

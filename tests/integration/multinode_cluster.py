@@ -159,7 +159,7 @@ def _engine_stage() -> type:
 
 
 def _score_stage() -> type:
-    from pipelines.logprob_scoring import ScoreStage
+    from pipelines.score_logprobs import ScoreStage
 
     return ScoreStage
 

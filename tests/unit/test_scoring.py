@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from configs.load import split_scoring_overrides
-from pipelines.code_scoring import (ParseSamples, codegen_input_rows, humaneval_program, pass_at_k_report,
+from pipelines.score_code import (ParseSamples, codegen_input_rows, humaneval_program, pass_at_k_report,
                                     render_result, tally_result, task_of)
-from pipelines.logprob_scoring import likelihood, parse_logprob_row
+from pipelines.score_logprobs import likelihood, parse_logprob_row
 from pipelines.rows import RowError
 from pipelines.sink import ShardCommitter
 from pipelines.storage import FsSpec, OutputStore
@@ -144,7 +144,7 @@ def test_scoring_overrides_are_typed_and_unknown_keys_refused():
 
 
 def test_scoring_modules_do_not_import_vllm_torch_or_ray():
-    code = ("import sys, pipelines.shardjob, pipelines.sink, pipelines.engine_stage, pipelines.codegen, pipelines.code_scoring, pipelines.logprob_scoring, sandbox.launch, "
+    code = ("import sys, pipelines.shardjob, pipelines.sink, pipelines.engine_stage, pipelines.codegen, pipelines.score_code, pipelines.score_logprobs, sandbox.launch, "
             "pipelines.passk, jobs.score_code, jobs.score_logprobs; "
             "print(sorted(m for m in ('vllm', 'torch', 'ray') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
