@@ -160,6 +160,10 @@ class SpecConfig(StrictModel):
         4, ge=1, description="ngram only: longest prompt n-gram to match (tokens)."
     )
 
+    def brief(self) -> dict[str, Any]:
+        """Method and K as a summary, a report or an endpoint shows them."""
+        return {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
+
     @field_validator("controller", mode="before")
     @classmethod
     def _controller_off(cls, value: Any) -> Any:

@@ -149,8 +149,7 @@ def build_summary(cfg: AppConfig, run) -> dict[str, Any]:
             "output_tokens_per_s": round(run_output_tokens / run.elapsed_s, 1) if run.elapsed_s > 0 else None,
         },
         "speculation": {
-            "method": cfg.engine.spec.method,
-            "num_speculative_tokens": cfg.engine.spec.num_speculative_tokens,
+            **cfg.engine.spec.brief(),
             "num_drafts": stats.num_drafts,
             "num_draft_tokens": stats.num_draft_tokens,
             "num_accepted_tokens": stats.num_accepted_tokens,

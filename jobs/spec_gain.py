@@ -68,7 +68,7 @@ def measure(cfg: AppConfig, prompts: Sequence[str], max_tokens: int) -> dict[str
     with_spec = run_engine(cfg, prompts, max_tokens)
     without = run_engine(cfg.without_speculation(), prompts, max_tokens)
     same = [a == b for a, b in zip(with_spec.pop("token_ids"), without.pop("token_ids"))]
-    return {"method": cfg.engine.spec.method, "num_speculative_tokens": cfg.engine.spec.num_speculative_tokens,
+    return {**cfg.engine.spec.brief(),
             "prompts": len(prompts), "max_tokens": max_tokens, "with": with_spec, "without": without,
             "speedup": with_spec["tokens_per_s"] / without["tokens_per_s"],
             "identical_outputs": sum(same), "all_identical": all(same)}

@@ -176,8 +176,7 @@ def guarded(app, engine, cfg: AppConfig, api_key: str | None, on_generation=None
 def speculation_brief(cfg: AppConfig, control: dict[str, Any] | None) -> dict[str, Any]:
     """What a person checks first: method, K, and with a controller the K in force, the
     table on the engine and the decided one, why, and any advice."""
-    out: dict[str, Any] = {"method": cfg.engine.spec.method,
-                           "num_speculative_tokens": cfg.engine.spec.num_speculative_tokens}
+    out: dict[str, Any] = cfg.engine.spec.brief()
     if control:
         out.update({key: control.get(key) for key in ("engine", "k_in_force", "schedule", "table", "reason", "advice")})
     return out
