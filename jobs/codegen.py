@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from configs import AppConfig
-from control.plan import ResourcePlan, resource_plan
 from control.capacity import steady_state_vs_paper
+from control.plan import ResourcePlan, resource_plan
 from jobs.cli import OUTPUTS, job_main
 from jobs.job_report import TIMELINE_FILE, write_report
 from pipelines.codegen import codegen_spec

@@ -34,6 +34,14 @@ class LoopThread:
         self.thread.join(10)
 
 
+async def generate_all(engine: Engine, prompts: list[dict]) -> dict[str, list[int]]:
+    """Every prompt through the engine at once; fails unless all are answered. Returns
+    each request's output token ids by its id."""
+    results = await asyncio.gather(*(engine.generate(p) for p in prompts))
+    assert all(r["ok"] for r in results), [r.get("error") for r in results if not r["ok"]]
+    return {r["id"]: r["token_ids"] for r in results}
+
+
 async def wait_until(predicate, what: str, timeout_s: float = 120.0, poll_s: float = 0.005) -> None:
     """Poll `predicate` on the engine's loop until it holds; fail naming `what` after `timeout_s`."""
     deadline = time.monotonic() + timeout_s

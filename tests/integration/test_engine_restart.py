@@ -12,9 +12,10 @@ import json
 
 import pytest
 
-from control.live import LiveSpecController
 from configs import load_config
 from control.calibration import load_calibration, save_calibration
+from control.live import LiveSpecController
+from engine_loop import generate_all
 from humaneval_inputs import humaneval_requests
 
 pytestmark = pytest.mark.integration
@@ -26,17 +27,11 @@ CONTROLLED = [*BASE, "engine.spec.controller.calibration=cpu-tiny", "engine.spec
               "engine.spec.controller.interval_s=3600"]  # the tests drive the controller themselves
 
 
-async def _generate(engine, prompts):
-    results = await asyncio.gather(*(engine.generate(p) for p in prompts))
-    assert all(r["ok"] for r in results), [r.get("error") for r in results if not r["ok"]]
-    return {r["id"]: r["token_ids"] for r in results}
-
-
 @pytest.fixture(scope="module")
 def reference(tiny_models, loop):
     engine = loop.start_engine([*BASE, "engine.spec={method: none}"])
     try:
-        return loop.run(_generate(engine, PROMPTS))
+        return loop.run(generate_all(engine, PROMPTS))
     finally:
         engine.shutdown()
 
@@ -44,7 +39,7 @@ def reference(tiny_models, loop):
 async def _restart_mid_load(engine, speculating: bool):
     """All prompts in flight, the restart asked for once the engine has made some progress,
     and a second wave sent while the restart runs."""
-    first = asyncio.ensure_future(_generate(engine, PROMPTS[:8]))
+    first = asyncio.ensure_future(generate_all(engine, PROMPTS[:8]))
     steps = engine.stats.num_steps
     for _ in range(2000):  # bounded: until the first wave is decoding
         if engine.stats.num_steps >= steps + 5:
@@ -52,7 +47,7 @@ async def _restart_mid_load(engine, speculating: bool):
         await asyncio.sleep(0.01)
     restart = asyncio.ensure_future(engine.restart_engine(speculating))
     await asyncio.sleep(0)  # the restart has closed the door: the second wave waits behind it
-    second = asyncio.ensure_future(_generate(engine, PROMPTS[8:]))
+    second = asyncio.ensure_future(generate_all(engine, PROMPTS[8:]))
     seconds = await restart
     return {**await first, **await second}, seconds
 
@@ -72,7 +67,7 @@ def test_restart_without_and_back_with_the_drafter_mid_load_loses_and_changes_no
         assert not engine.speculating and engine.num_restarts == 1
         assert set(core_pids(engine)).isdisjoint(first_core)  # a new engine core serves now
         drafts = engine.stats.num_drafts
-        assert loop.run(_generate(engine, PROMPTS[:4])) == {p["id"]: reference[p["id"]] for p in PROMPTS[:4]}
+        assert loop.run(generate_all(engine, PROMPTS[:4])) == {p["id"]: reference[p["id"]] for p in PROMPTS[:4]}
         assert engine.stats.num_drafts == drafts  # no drafter any more
         with pytest.raises(ValueError, match="no K to change"):
             loop.run(engine.set_spec_schedule([[1, 16, 4]]))
@@ -82,7 +77,7 @@ def test_restart_without_and_back_with_the_drafter_mid_load_loses_and_changes_no
         assert out == reference
         assert engine.speculating and engine.num_restarts == 2
         drafts = engine.stats.num_drafts
-        loop.run(_generate(engine, PROMPTS[:4]))
+        loop.run(generate_all(engine, PROMPTS[:4]))
         assert engine.stats.num_drafts > drafts  # drafting again, with its start-up table
         assert loop.run(engine.spec_schedule())["schedule"] == [list(r) for r in engine.cfg.spec.schedule]
     finally:
@@ -116,7 +111,7 @@ def test_controller_restarts_the_live_engine_when_its_numbers_say_so(tiny_models
     engine.controller = ctl
     try:
         for r in range(60):  # bounded
-            loop.run(_generate(engine, [{**p, "id": f"{p['id']}#{r}"} for p in PROMPTS[:2]]))
+            loop.run(generate_all(engine, [{**p, "id": f"{p['id']}#{r}"} for p in PROMPTS[:2]]))
             loop.run(ctl.step())
             if not engine.speculating:
                 break
@@ -126,7 +121,7 @@ def test_controller_restarts_the_live_engine_when_its_numbers_say_so(tiny_models
         assert "restart without speculation" in state["recent_restarts"][-1]["reason"]
         json.dumps(state)  # what /speculation and the job summary carry is plain data
         drafts = engine.stats.num_drafts
-        loop.run(_generate(engine, [{**p, "id": f"{p['id']}#after"} for p in PROMPTS[:2]]))
+        loop.run(generate_all(engine, [{**p, "id": f"{p['id']}#after"} for p in PROMPTS[:2]]))
         assert engine.stats.num_drafts == drafts
     finally:
         engine.shutdown()
@@ -138,12 +133,12 @@ def test_an_engine_told_to_start_without_its_drafter_runs_plain_and_can_get_it_b
     try:
         assert not engine.speculating and engine.controller.state()["engine"] == "plain"
         assert engine.controller.state()["k_in_force"] == 0
-        assert loop.run(_generate(engine, PROMPTS)) == reference
+        assert loop.run(generate_all(engine, PROMPTS)) == reference
         assert engine.stats.num_drafts == 0  # vLLM built no drafter
         out, _ = loop.run(_restart_mid_load(engine, speculating=True))
         assert out == reference and engine.speculating
         drafts = engine.stats.num_drafts
-        loop.run(_generate(engine, PROMPTS[:4]))
+        loop.run(generate_all(engine, PROMPTS[:4]))
         assert engine.stats.num_drafts > drafts
     finally:
         engine.shutdown()

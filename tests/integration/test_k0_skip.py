@@ -8,10 +8,9 @@ must equal acceptance at K=4 throughout, which only holds if catch-up rebuilt th
 KV cache exactly (with catch-up off, the same run accepts clearly less).
 """
 
-import asyncio
-
 import pytest
 
+from engine_loop import generate_all
 from humaneval_inputs import humaneval_requests
 
 pytestmark = pytest.mark.integration
@@ -25,17 +24,11 @@ SWITCHING = [4, 2, 0, 0, 3, 1, 0, 4, 0, 0, 0, 2]
 SPELLS = [4, 0, 0, 0, 0, 0, 0, 0, 0]  # one drafting step, then eight skipped ones
 
 
-async def _generate_all(engine, prompts=PROMPTS):
-    results = await asyncio.gather(*(engine.generate(p) for p in prompts))
-    assert all(r["ok"] for r in results), [r.get("error") for r in results if not r["ok"]]
-    return {r["id"]: r["token_ids"] for r in results}
-
-
 @pytest.fixture(scope="module")
 def reference(tiny_models, loop):
     engine = loop.start_engine([*BASE, "engine.spec={method: none}"])
     try:
-        return loop.run(_generate_all(engine))
+        return loop.run(generate_all(engine, PROMPTS))
     finally:
         engine.shutdown()
 
@@ -58,7 +51,7 @@ def _run(engine, loop, cycle, prompts=PROMPTS, **settings):
     if "stash_tokens" in settings:
         restore["stash_tokens"] = 0  # back to the width the memory budget gives
     try:
-        out = loop.run(_generate_all(engine, prompts))
+        out = loop.run(generate_all(engine, prompts))
         counters = loop.run(engine.k0_skip())
     finally:
         recorded = loop.run(engine.k0_skip(restore))["drafts"]

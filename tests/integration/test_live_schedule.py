@@ -20,6 +20,7 @@ import textwrap
 import pytest
 
 from configs import load_config
+from engine_loop import generate_all
 from humaneval_inputs import humaneval_requests
 
 pytestmark = pytest.mark.integration
@@ -33,28 +34,18 @@ PEAGLE = [*BASE, f"engine.spec.num_speculative_tokens={K_MAX}", f"engine.spec.sc
 EAGLE3 = [*PEAGLE, "engine.spec.method=eagle3", "engine.spec.head=artifacts/tiny/eagle3-head"]
 
 
-def _start(loop, overrides):
-    return loop.start_engine(overrides)
-
-
-async def _generate_all(engine):
-    results = await asyncio.gather(*(engine.generate(p) for p in PROMPTS))
-    assert all(r["ok"] for r in results), [r.get("error") for r in results if not r["ok"]]
-    return {r["id"]: r["token_ids"] for r in results}
-
-
 @pytest.fixture(scope="module")
 def reference(tiny_models, loop):
-    engine = _start(loop, [*BASE, "engine.spec={method: none}"])
+    engine = loop.start_engine([*BASE, "engine.spec={method: none}"])
     try:
-        return loop.run(_generate_all(engine))
+        return loop.run(generate_all(engine, PROMPTS))
     finally:
         engine.shutdown()
 
 
 @pytest.fixture(scope="module")
 def peagle(tiny_models, loop):
-    engine = _start(loop, PEAGLE)
+    engine = loop.start_engine(PEAGLE)
     yield engine
     engine.shutdown()
 
@@ -69,14 +60,14 @@ def _first_position_acceptance(window: dict) -> float:
 
 @pytest.mark.parametrize("method", ["peagle", "eagle3"])
 def test_every_k_the_engine_may_run_is_lossless(method, reference, peagle, loop):
-    engine = peagle if method == "peagle" else _start(loop, EAGLE3)
+    engine = peagle if method == "peagle" else loop.start_engine(EAGLE3)
     first_position = {}
     try:
         for k in [K_MAX, *range(K_MAX - 1, -1, -1), K_MAX]:
             applied = loop.run(engine.set_spec_schedule([[1, 32, k]]))
             assert applied["schedule"] == [[1, 32, k]]
             engine.step_window.drain()
-            out = loop.run(_generate_all(engine))
+            out = loop.run(generate_all(engine, PROMPTS))
             window = engine.step_window.drain()
             mismatched = [i for i in reference if out[i] != reference[i]]
             assert not mismatched, f"{method} at K={k}: greedy output differs from no speculation for {mismatched}"
@@ -98,7 +89,7 @@ def test_dynamic_batch_size_schedule_is_lossless(reference, peagle, loop):
     table = [[1, 2, 4], [3, 5, 1], [6, 8, 3], [9, 10, 0], [11, 32, 2]]
     loop.run(peagle.set_spec_schedule(table))
     peagle.step_window.drain()
-    out = loop.run(_generate_all(peagle))
+    out = loop.run(generate_all(peagle, PROMPTS))
     window = peagle.step_window.drain()
     assert not [i for i in reference if out[i] != reference[i]]
     steps = {(s["batch_size"], s["num_speculative_tokens"]): s["num_steps"] for s in window["steps"]}
@@ -115,7 +106,7 @@ def test_dynamic_batch_size_schedule_is_lossless(reference, peagle, loop):
 @pytest.mark.parametrize("method", ["peagle", "eagle3"])
 def test_tables_swapped_while_requests_run_lose_and_change_nothing(method, reference, peagle, loop):
     """Every few steps a new table, across all of 0..K_max, while the batch falls 12 -> 1."""
-    engine = peagle if method == "peagle" else _start(loop, EAGLE3)
+    engine = peagle if method == "peagle" else loop.start_engine(EAGLE3)
     try:
         _swap_tables_while_generating(engine, reference, loop)
     finally:
@@ -142,7 +133,7 @@ def _swap_tables_while_generating(engine, reference, loop):
 
         flipper = asyncio.get_running_loop().create_task(flip())
         try:
-            return await _generate_all(engine)
+            return await generate_all(engine, PROMPTS)
         finally:
             done.set()
             await flipper
@@ -168,7 +159,7 @@ def test_a_bad_table_is_refused_by_name_and_the_engine_keeps_serving(peagle, loo
 
 
 def test_an_engine_started_without_a_table_says_how_to_get_one(tiny_models, loop):
-    engine = _start(loop, [*BASE, f"engine.spec.num_speculative_tokens={K_MAX}"])
+    engine = loop.start_engine([*BASE, f"engine.spec.num_speculative_tokens={K_MAX}"])
     try:
         with pytest.raises(Exception, match="num_speculative_tokens_per_batch_size"):
             loop.run(engine.set_spec_schedule([[1, 32, 0]]))

@@ -18,9 +18,9 @@ import asyncio
 
 import pytest
 
-from control.live import LiveSpecController
 from configs import load_config
 from control.calibration import load_calibration
+from control.live import LiveSpecController
 
 pytestmark = pytest.mark.integration
 
