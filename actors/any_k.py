@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 
 from actors import k0_skip
-from actors.k0_skip import applies
 
 MARK = "_peagle_any_k"
 
@@ -62,7 +61,7 @@ def _wrap(propose):
 
     @functools.wraps(propose)
     def propose_at_step_k(self, num_speculative_tokens, *args, **kwargs):
-        if not applies(self):
+        if not k0_skip.applies(self):
             return propose(self, num_speculative_tokens, *args, **kwargs)
         bound = signature.bind(self, num_speculative_tokens, *args, **kwargs).arguments
         bound.pop("self")
