@@ -16,7 +16,8 @@ from configs import AppConfig, ConfigError, load_config, to_vllm_kwargs
 from control.plan import resource_plan
 from pipelines.cpu_priority import give_way
 from pipelines.engine_stage import shards_to_keep_busy
-from pipelines.storage import FsSpec, StorageError, list_shards
+from pipelines.runner import Inputs, Listing, input_files
+from pipelines.storage import FsSpec, StorageError
 
 
 OUTPUTS = "results: {out}/results/  errors: {out}/errors/  summary: {out}/_summary.json"
@@ -138,14 +139,14 @@ def run_or_explain(run: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
         return None
 
 
-def job_main(argv: list[str] | None, doc: str, run: Callable[[AppConfig], dict[str, Any]], where: str,
-             dry_run: Callable[[AppConfig], dict[str, Any]] | None = None, input_shards: bool = True,
+def job_main(argv: list[str] | None, doc: str, run: Callable[[AppConfig, Listing], dict[str, Any]], where: str,
+             dry_run: Callable[[AppConfig], dict[str, Any]] | None = None, inputs: Inputs = input_files,
              engines: bool = True) -> int:
     """A shard job's command line: parse, dry-run (the engines' plan unless the job runs
-    none, then `dry_run(cfg)`'s own part), refuse a run without input/output or
-    (`input_shards`) with no shard at the input before starting Ray, run, print the
-    summary and `where` (`{out}`: the output prefix). Exit 0 when every row is accounted
-    for, 1 when not, 2 on bad input."""
+    none, then `dry_run(cfg)`'s own part), refuse a run without input/output, list the
+    input (`inputs`; none there is refused before Ray starts), run on that listing, print
+    the summary and `where` (`{out}`: the output prefix). Exit 0 when every row is
+    accounted for, 1 when not, 2 on bad input."""
     args = parser(doc.strip().splitlines()[0]).parse_args(argv)
     cfg = parse_config(args)
     if (args.dry_run and not engines) or handle_dry_run(args, cfg):
@@ -156,14 +157,13 @@ def job_main(argv: list[str] | None, doc: str, run: Callable[[AppConfig], dict[s
         return 2
     if cfg.serve_app:  # this driver's work gives way to the replicas it shares a node with
         give_way(cfg.batch_client.nice)
-    if input_shards:
-        try:
-            list_shards(FsSpec(cfg.s3_endpoint_url), cfg.input)
-        except OSError as exc:  # no shards there, no such bucket, access denied
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+    try:
+        shards = inputs(FsSpec(cfg.s3_endpoint_url), cfg.input)
+    except OSError as exc:  # no shards there, no such bucket, access denied
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     start_runtime()
-    summary = run_or_explain(lambda: run(cfg))
+    summary = run_or_explain(lambda: run(cfg, shards))
     if summary is None:
         return 2
     return print_summary(summary, where.format(out=cfg.output.rstrip("/")))

@@ -25,7 +25,7 @@ from jobs.cli import OUTPUTS, job_main
 from jobs.job_report import TIMELINE_FILE, write_report
 from pipelines.codegen import codegen_spec
 from pipelines.engine_stage import EngineStage, shards_to_keep_busy
-from pipelines.runner import run_shard_job
+from pipelines.runner import Listing, run_shard_job
 from pipelines.sink import summary_head
 from pipelines.storage import FsSpec, Shard, count_rows
 
@@ -34,12 +34,13 @@ log = logging.getLogger("jobs.codegen")
 COUNT_THREADS = 8
 
 
-def run_codegen(cfg: AppConfig, stage_cls: type | None = None) -> dict[str, Any]:
-    """Run (or resume) the job; returns the summary it also writes to `_summary.json`."""
+def run_codegen(cfg: AppConfig, stage_cls: type | None = None, shards: Listing | None = None) -> dict[str, Any]:
+    """Run (or resume) the job on `shards` (default: list `cfg.input`); returns the
+    summary it also writes to `_summary.json`."""
     started = time.monotonic()
     run = run_shard_job(cfg, codegen_spec(cfg, stage_cls or EngineStage),
                         plan_for=lambda fs_spec, files: job_plan(cfg, fs_spec, files),
-                        status=lambda engines: _status_line(engines, started))
+                        status=lambda engines: _status_line(engines, started), shards=shards)
     summary = build_summary(cfg, run)
     if run.plan.capacity is not None:
         summary["capacity"] = capacity_summary(run.plan, summary, len(run.todo), run.engines.per_engine)
@@ -164,7 +165,7 @@ def build_summary(cfg: AppConfig, run) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return job_main(argv, __doc__, run_codegen, OUTPUTS)
+    return job_main(argv, __doc__, lambda cfg, shards: run_codegen(cfg, shards=shards), OUTPUTS)
 
 
 if __name__ == "__main__":

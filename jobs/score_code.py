@@ -30,15 +30,15 @@ from configs.schema import CodeScoringConfig
 from jobs.cli import job_main
 from jobs.job_report import write_report
 from pipelines.score_code import code_scoring_spec, pass_at_k_report, read_problems
-from pipelines.runner import run_shard_job
+from pipelines.runner import Listing, input_files, run_shard_job
 from pipelines.sink import summary_head
-from pipelines.storage import FsSpec, OutputStore, Shard, list_shards
+from pipelines.storage import FsSpec, OutputStore, Shard
 from sandbox.launch import check_available
 
 log = logging.getLogger("jobs.score_code")
 
 
-def input_shards(fs_spec: FsSpec, input_uri: str) -> list[tuple[str, list[Shard]]]:
+def input_shards(fs_spec: FsSpec, input_uri: str) -> Listing:
     """(name, files) per shard: a codegen output's committed shards, else sample shards."""
     source = OutputStore(fs_spec, input_uri)
     committed = source.committed()
@@ -51,16 +51,17 @@ def input_shards(fs_spec: FsSpec, input_uri: str) -> list[tuple[str, list[Shard]
     if source.fs.exists(source.uri_of("_config.yaml")):
         raise FileNotFoundError(f"{input_uri!r} is a job output with no committed shard yet; "
                                 "score it once the codegen job has committed some")
-    return [(s.name, [s]) for s in list_shards(fs_spec, input_uri)]
+    return input_files(fs_spec, input_uri)
 
 
-def run_score_code(cfg: AppConfig, scoring: CodeScoringConfig) -> dict[str, Any]:
-    """Run (or resume) the job; returns the summary it also writes to `_summary.json`."""
+def run_score_code(cfg: AppConfig, scoring: CodeScoringConfig, shards: Listing | None = None) -> dict[str, Any]:
+    """Run (or resume) the job on `shards` (default: `input_shards` of `cfg.input`);
+    returns the summary it also writes to `_summary.json`."""
     check_available(scoring.sandbox_limits())  # on the driver too: fail fast, never unsandboxed
     fs_spec = FsSpec(cfg.s3_endpoint_url)
     problems = read_problems(fs_spec, scoring.problems)
     marker = f"__passed_{secrets.token_hex(16)}__"
-    run = run_shard_job(cfg, code_scoring_spec(problems, scoring, marker, input_shards))
+    run = run_shard_job(cfg, code_scoring_spec(problems, scoring, marker, input_shards), shards=shards)
     store, markers = run.store, {**run.committed_before, **run.committer.markers}
     results = []
     for name in sorted(markers):
@@ -84,12 +85,12 @@ def run_score_code(cfg: AppConfig, scoring: CodeScoringConfig) -> dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    return job_main(argv, __doc__, lambda cfg: run_score_code(cfg, cfg.scoring.code),
+    return job_main(argv, __doc__, lambda cfg, shards: run_score_code(cfg, cfg.scoring.code, shards),
                     "per sample: {out}/results/  per task: {out}/pass_at_k.jsonl  summary: {out}/_summary.json",
                     dry_run=lambda cfg: {"input": cfg.input, "output": cfg.output,
                                          "scoring": {"code": cfg.scoring.code.model_dump()},
                                          "sandbox": cfg.scoring.code.sandbox_limits().__dict__},
-                    input_shards=False, engines=False)  # input_shards() checks a codegen output
+                    inputs=input_shards, engines=False)
 
 
 if __name__ == "__main__":

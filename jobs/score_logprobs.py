@@ -28,16 +28,18 @@ from configs.schema import LogprobScoringConfig
 from jobs.cli import OUTPUTS, job_main
 from jobs.job_report import write_report
 from pipelines.score_logprobs import ScoreStage, logprob_spec
-from pipelines.runner import run_shard_job
+from pipelines.runner import Listing, run_shard_job
 from pipelines.shardjob import totals
 from pipelines.sink import summary_head
 
 log = logging.getLogger("jobs.score_logprobs")
 
 
-def run_score_logprobs(cfg: AppConfig, scoring: LogprobScoringConfig, stage_cls: type | None = None) -> dict[str, Any]:
-    """Run (or resume) the job; returns the summary it also writes to `_summary.json`."""
-    run = run_shard_job(cfg, logprob_spec(scoring, stage_cls or ScoreStage))
+def run_score_logprobs(cfg: AppConfig, scoring: LogprobScoringConfig, stage_cls: type | None = None,
+                       shards: Listing | None = None) -> dict[str, Any]:
+    """Run (or resume) the job on `shards` (default: list `cfg.input`); returns the
+    summary it also writes to `_summary.json`."""
+    run = run_shard_job(cfg, logprob_spec(scoring, stage_cls or ScoreStage), shards=shards)
     markers = {**run.committed_before, **run.committer.markers}
     count = totals(markers, ("rows", "ok", "errors", "num_tokens", "total_logprob"))
     mean = count["total_logprob"] / count["num_tokens"] if count["num_tokens"] else None
@@ -60,8 +62,8 @@ def run_score_logprobs(cfg: AppConfig, scoring: LogprobScoringConfig, stage_cls:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return job_main(argv, __doc__, lambda cfg: run_score_logprobs(cfg, cfg.scoring.logprobs), OUTPUTS,
-                    dry_run=lambda cfg: {"scoring": {"logprobs": cfg.scoring.logprobs.model_dump()}})
+    return job_main(argv, __doc__, lambda cfg, shards: run_score_logprobs(cfg, cfg.scoring.logprobs, shards=shards),
+                    OUTPUTS, dry_run=lambda cfg: {"scoring": {"logprobs": cfg.scoring.logprobs.model_dump()}})
 
 
 if __name__ == "__main__":

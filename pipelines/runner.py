@@ -33,10 +33,11 @@ if TYPE_CHECKING:  # Ray is imported where it is used (pipelines/engine_stage.py
 log = logging.getLogger(__name__)
 
 EngineStep = Callable[["ray.data.Dataset", "AppConfig", ResourcePlan, Any], "ray.data.Dataset"]
-Inputs = Callable[[FsSpec, str], list[tuple[str, list[Shard]]]]
+Listing = list[tuple[str, list[Shard]]]  # (shard name, its files in reading order) per shard
+Inputs = Callable[[FsSpec, str], Listing]
 
 
-def input_files(fs_spec: FsSpec, input_uri: str) -> list[tuple[str, list[Shard]]]:
+def input_files(fs_spec: FsSpec, input_uri: str) -> Listing:
     """Each input file is a shard (`pipelines.storage.list_shards`)."""
     return [(s.name, [s]) for s in list_shards(fs_spec, input_uri)]
 
@@ -74,16 +75,18 @@ class ShardJobRun:
 
 def run_shard_job(cfg: "AppConfig", spec: ShardJobSpec,
                   plan_for: Callable[[FsSpec, list[Shard]], ResourcePlan] | None = None,
-                  status: Callable[[EngineReports], str] | None = None) -> ShardJobRun:
+                  status: Callable[[EngineReports], str] | None = None,
+                  shards: Listing | None = None) -> ShardJobRun:
     """Run (or resume) `spec` on `cfg.input` -> `cfg.output`. `plan_for(fs_spec, files)`
     sizes the pool to the files still to read (default: the config's plan); `status`
-    adds the job's words to the progress line."""
+    adds the job's words to the progress line; `shards`: the input as the command line
+    already listed it (`spec.inputs`), so it is listed once."""
     import ray.data
 
     started, started_at = time.monotonic(), time.time()
     fs_spec = FsSpec(cfg.s3_endpoint_url)
     store = OutputStore(fs_spec, cfg.output)
-    shards = spec.inputs(fs_spec, cfg.input)
+    shards = spec.inputs(fs_spec, cfg.input) if shards is None else shards
     committed = store.committed()
     todo = [(name, files) for name, files in shards if name not in committed]
     log.info("%s: %d shards, %d already committed, %d to run", spec.name, len(shards), len(committed), len(todo))

@@ -35,6 +35,9 @@ S3_MAX_ATTEMPTS = 10
 S3_CONNECT_TIMEOUT_S = 10
 S3_READ_TIMEOUT_S = 60
 
+# What planning reads of a JSONL shard to count its rows (`count_rows`).
+ROW_SAMPLE_BYTES = 1 << 20
+
 
 @dataclass(frozen=True)
 class FsSpec:
@@ -61,6 +64,7 @@ class Shard:
     name: str  # unique, flat: used to name this shard's outputs
     uri: str
     format: str  # jsonl | parquet
+    size: int | None = None  # bytes, as the listing gave them
 
 
 class StorageError(OSError):
@@ -94,21 +98,22 @@ def list_shards(fs_spec: FsSpec, input_uri: str) -> list[Shard]:
     raw = _strip(input_uri)
     with storage_errors("listing input", input_uri):
         if any(c in raw for c in "*?["):
-            paths = fs.glob(raw)
+            found = fs.glob(raw, detail=True)
             base = raw[: min(raw.find(c) for c in "*?[" if c in raw)].rsplit("/", 1)[0]
         elif fs.isfile(raw):
-            paths, base = [raw], raw.rsplit("/", 1)[0]
+            found, base = {raw: fs.info(raw)}, raw.rsplit("/", 1)[0]
         else:
             base = raw.rstrip("/")
-            paths = [p for p in fs.find(base) if not fs.isdir(p)]
+            found = fs.find(base, detail=True)
     shards = []
-    for path in sorted(paths):
-        if not path.endswith(SHARD_SUFFIXES) or fnmatch.fnmatch(path.rsplit("/", 1)[-1], "_*"):
+    for path, info in sorted(found.items()):
+        if (info.get("type") == "directory" or not path.endswith(SHARD_SUFFIXES)
+                or fnmatch.fnmatch(path.rsplit("/", 1)[-1], "_*")):
             continue
         rel = path[len(base):].lstrip("/") if path.startswith(base) else path.rsplit("/", 1)[-1]
         name = rel.rsplit(".", 1)[0].replace("/", "__")
         fmt = "parquet" if path.endswith(".parquet") else "jsonl"
-        shards.append(Shard(name=name, uri=_with_scheme(path, input_uri), format=fmt))
+        shards.append(Shard(name=name, uri=_with_scheme(path, input_uri), format=fmt, size=info.get("size")))
     if not shards:
         raise FileNotFoundError(
             f"no input shards ({', '.join(SHARD_SUFFIXES)}) found at {input_uri!r}"
@@ -136,16 +141,26 @@ def read_shard(fs_spec: FsSpec, shard: Shard) -> Iterator[str | dict[str, Any]]:
 
 
 def count_rows(fs_spec: FsSpec, shard: Shard) -> int:
-    """Rows `read_shard` will yield: Parquet from its footer, JSONL by one pass of
-    `read_shard` itself (lines, no parsing)."""
-    if shard.format != "parquet":
-        return sum(1 for _ in read_shard(fs_spec, shard))
-    import pyarrow.parquet as pq
-
-    fs = fs_spec.open_fs(shard.uri)
+    """Rows `read_shard` will yield, before the job reads the shard: Parquet exactly, from
+    its footer; JSONL from its first `ROW_SAMPLE_BYTES` (one ranged read; lines as
+    `read_shard` takes them), exact when that is the whole file and else scaled by the
+    file's size, so a large input is not read twice to plan the pool that reads it."""
+    fs, path = fs_spec.open_fs(shard.uri), _strip(shard.uri)
     with storage_errors("counting rows of shard", shard.uri):
-        with fs.open(_strip(shard.uri), "rb") as f:
-            return pq.ParquetFile(f).metadata.num_rows
+        if shard.format == "parquet":
+            import pyarrow.parquet as pq
+
+            with fs.open(path, "rb") as f:
+                return pq.ParquetFile(f).metadata.num_rows
+        size = shard.size if shard.size is not None else fs.size(path)
+        head = fs.cat_file(path, start=0, end=min(size, ROW_SAMPLE_BYTES))
+    lines = head.split(b"\n")
+    if len(head) < size:
+        lines.pop()  # cut at the sample's edge
+    rows = sum(1 for line in lines if line.decode("utf-8", errors="replace").strip())
+    if len(head) >= size:
+        return rows
+    return round(rows * size / max(1, sum(len(line) + 1 for line in lines)))
 
 
 class OutputStore:

@@ -5,6 +5,7 @@ and injected step costs: nothing here is timed."""
 import json
 import subprocess
 import sys
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,7 +15,7 @@ from configs import ConfigError, load_config
 from control.plan import resource_plan
 from control.capacity import batch_pool_size, full_engine_throughput, steady_state_vs_paper
 from control.model import StepCostModel
-from pipelines.storage import FsSpec, count_rows, list_shards, read_shard
+from pipelines.storage import ROW_SAMPLE_BYTES, FsSpec, count_rows, list_shards, read_shard
 
 from calibrations import DRAFTER_PASS
 
@@ -133,6 +134,42 @@ def test_rows_are_counted_as_the_reader_reads_them(tmp_path):
     for shard in list_shards(FsSpec(), str(tmp_path / "in")):
         assert count_rows(FsSpec(), shard) == sum(1 for _ in read_shard(FsSpec(), shard))
     assert [count_rows(FsSpec(), s) for s in list_shards(FsSpec(), str(tmp_path / "in"))] == [7, 3]
+
+
+def test_a_large_jsonl_shard_is_counted_from_its_head_not_read_whole(tmp_path):
+    (tmp_path / "in").mkdir()
+    lines = [json.dumps({"prompt": "x" * (i % 97)}) if i % 10 else "" for i in range(60_000)]
+    (tmp_path / "in" / "big.jsonl").write_text("\n".join(lines) + "\n")
+    [shard] = list_shards(FsSpec(), str(tmp_path / "in"))
+    assert shard.size > 3 * ROW_SAMPLE_BYTES
+    fs_spec = _CountingFs()
+    rows = count_rows(fs_spec, shard)
+    assert sum(fs_spec.reads) <= ROW_SAMPLE_BYTES, fs_spec.reads
+    assert abs(rows - 54_000) <= 0.02 * 54_000, rows  # 54,000 non-empty lines
+
+
+@dataclass(frozen=True)
+class _CountingFs(FsSpec):
+    """The local filesystem, keeping the bytes of each read (whole-file opens refused)."""
+
+    reads: list[int] = field(default_factory=list)
+
+    def open_fs(self, uri):
+        reads, fs = self.reads, super().open_fs(uri)
+
+        class Counting:
+            def __getattr__(self, name):
+                return getattr(fs, name)
+
+            def cat_file(self, path, start=None, end=None, **kwargs):
+                data = fs.cat_file(path, start=start, end=end, **kwargs)
+                reads.append(len(data))
+                return data
+
+            def open(self, *args, **kwargs):
+                raise AssertionError(f"opened whole: {args}")
+
+        return Counting()
 
 
 def test_the_estimate_runs_the_k_the_preset_runs_at_a_full_batch():
