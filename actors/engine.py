@@ -34,7 +34,7 @@ from actors.spec_stats import SpecDecodeStats, StepWindow
 from configs.schema import EngineConfig, SamplingDefaults
 from configs.spec_k import check_schedule
 from configs.vllm_args import live_k_values
-from control.live import LiveSpecController, startup_schedule
+from control.live import LiveSpecController
 
 log = logging.getLogger(__name__)
 
@@ -112,12 +112,12 @@ class Engine(EngineLifecycle):
     from a dead engine core in `actors.engine_lifecycle`."""
 
     def __init__(self, cfg: EngineConfig, defaults: SamplingDefaults | None = None, device: str = "cpu"):
+        if cfg.spec.controller is not None and cfg.spec.schedule is None:
+            raise ValueError("an engine config with a controller and no start-up table (spec.schedule=None): "
+                             "resolve it first (control.plan.resolve, or startup_engine for one engine)")
         prepare_process_env(device)
         from vllm.v1.metrics.loggers import StatLoggerBase
 
-        if cfg.spec.controller is not None and cfg.spec.schedule is None:
-            cfg = cfg.model_copy(deep=True)
-            cfg.spec.schedule = startup_schedule(cfg)  # a table from the start: K can then change live
         self.cfg = cfg
         self.device = device  # a CPU engine's restart overlaps the old core's teardown (engine_lifecycle)
         self.defaults = defaults or SamplingDefaults()

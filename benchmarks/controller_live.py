@@ -99,9 +99,9 @@ def arm_overrides(arm: str, level_s: float = 12.0, config: str = "tiny") -> list
         return [*fixed_table, "engine.spec.schedule=[[1, 16, 0]]"]
     if arm == "static":
         from configs import load_config
-        from control.live import startup_schedule
+        from control.plan import startup_engine
 
-        table = startup_schedule(load_config(config, ctl).engine)
+        table = startup_engine(load_config(config, ctl).engine).spec.schedule
         return [*fixed_table, f"engine.spec.schedule={table}"]
     return ctl
 
@@ -157,6 +157,7 @@ def run_interleaved(config: str, arms: list[str], concurrency: list[int], max_to
 
     from actors.engine import Engine
     from configs import load_config
+    from control.plan import startup_engine
 
     prompts = [p["prompt"] for p in read_problems().values()]
     engines = {}
@@ -164,7 +165,7 @@ def run_interleaved(config: str, arms: list[str], concurrency: list[int], max_to
         for arm in arms:
             print(f"[controller_live] starting {arm} ...", flush=True)
             cfg = load_config(config, arm_overrides(arm, settle_s + seconds, config))
-            engines[arm] = Engine(cfg.engine, cfg.sampling)
+            engines[arm] = Engine(startup_engine(cfg.engine), cfg.sampling)
 
         async def all_rounds() -> dict:
             for engine in engines.values():

@@ -130,6 +130,7 @@ def run_all_arms(config: str, ks: list[int], concurrency: list[int], per_level: 
 
     from actors.engine import Engine
     from configs import load_config
+    from control.plan import startup_engine
 
     heads = heads_of(config)
     prompts = [p["prompt"] for p in read_problems().values()]
@@ -140,7 +141,7 @@ def run_all_arms(config: str, ks: list[int], concurrency: list[int], per_level: 
             method, k = ("baseline", 0) if name == "baseline" else (name.split("-K")[0], int(name.split("-K")[1]))
             cfg = load_config(config, ["engine.max_num_seqs=16", *cell_overrides(method, k, heads)])
             print(f"[peagle_table] starting {name} ...", flush=True)
-            engines[name] = Engine(cfg.engine, cfg.sampling)
+            engines[name] = Engine(startup_engine(cfg.engine), cfg.sampling)
 
         async def rounds() -> dict:
             for engine in engines.values():

@@ -71,8 +71,9 @@ SERVERS = ["project-direct", "project-proxy", "vllm-serve-inproc", "vllm-serve-i
 def engine_kwargs(cfg) -> dict[str, Any]:
     """The kwargs a Serve replica's engine runs with (the serving engine's step budget)."""
     from configs.vllm_args import to_vllm_kwargs
+    from control.plan import serve_engine
 
-    return to_vllm_kwargs(cfg.serving_engine())
+    return to_vllm_kwargs(serve_engine(cfg))  # vLLM's own server runs no controller: no start-up table
 
 
 def vllm_serve_args(kwargs: dict[str, Any]) -> list[str]:

@@ -553,9 +553,3 @@ class AppConfig(StrictModel):
     def without_speculation(self) -> "AppConfig":
         """This config with its engine started without a drafter (`EngineConfig.without_speculation`)."""
         return self.model_copy(update={"engine": self.engine.without_speculation()})
-
-    def serving_engine(self) -> EngineConfig:
-        """The engine config a Serve replica runs: the engine's, with the replica's step budget."""
-        if self.serve.max_num_batched_tokens is None:
-            return self.engine
-        return self.engine.model_copy(update={"max_num_batched_tokens": self.serve.max_num_batched_tokens})

@@ -1,4 +1,7 @@
-"""Resource plan: how many engine actors, what each holds, and how they pack onto nodes.
+"""The config resolved once, at the door (`resolve` -> `RunPlan`): the engine config
+each kind of host starts, and the resource plan: how many engine actors, what each holds,
+and how they pack onto nodes. No host derives an engine config again; the engine facade
+refuses one that was not resolved (`actors.engine.Engine`).
 
 Pure arithmetic over `AppConfig`; printed by `--dry-run` and used to set each actor's
 Ray resources, so the plan shown is the plan run. Given the work (rows x output tokens),
@@ -20,6 +23,7 @@ from configs.schema import AppConfig, EngineConfig, SpecConfig
 from configs.vllm_args import live_k_values
 from control.calibration import calibration_file, load_calibration
 from control.capacity import batch_pool_size, full_engine_throughput
+from control.live import startup_schedule
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,43 @@ class ResourcePlan:
             line += ("; engines start without the drafter (faster kept full, on paper; the controller "
                      "brings it back when drafting pays)")
         return line
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run starts, resolved once from the loaded config."""
+
+    resources: ResourcePlan
+    batch: AppConfig  # the batch job's engines: start-up table, and started plain where `resources` say
+    serve_engine: EngineConfig  # a Serve replica's engine: start-up table, the replica's step budget
+
+
+def resolve(cfg: AppConfig, num_rows: int | None = None) -> RunPlan:
+    """The door: `cfg` as every host runs it (`num_rows`: the rows a job has to run, for
+    the capacity estimate)."""
+    resources = resource_plan(cfg, num_rows)
+    batch = resources.engine_config(cfg)
+    return RunPlan(resources, batch.model_copy(update={"engine": startup_engine(batch.engine)}),
+                   startup_engine(serve_engine(cfg)))
+
+
+def startup_engine(engine: EngineConfig) -> EngineConfig:
+    """`engine` as it starts: with a controller and no `schedule`, the table the
+    controller would choose first (`control.live.startup_schedule`) filled in, so a dry
+    run shows it and the first step already runs a sensible K at every batch size."""
+    if engine.spec.controller is None or engine.spec.schedule is not None:
+        return engine
+    out = engine.model_copy(deep=True)
+    out.spec.schedule = startup_schedule(engine)
+    return out
+
+
+def serve_engine(cfg: AppConfig) -> EngineConfig:
+    """The engine config a Serve replica runs (before `startup_engine`): the engine's,
+    with the replica's step budget."""
+    if cfg.serve.max_num_batched_tokens is None:
+        return cfg.engine
+    return cfg.engine.model_copy(update={"max_num_batched_tokens": cfg.serve.max_num_batched_tokens})
 
 
 def resource_plan(cfg: AppConfig, num_rows: int | None = None) -> ResourcePlan:

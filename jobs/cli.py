@@ -13,7 +13,7 @@ import sys
 from typing import Any, Callable
 
 from configs import AppConfig, ConfigError, load_config, to_vllm_kwargs
-from control.plan import resource_plan
+from control.plan import resolve, resource_plan
 from pipelines.cpu_priority import give_way
 from pipelines.engine_stage import shards_to_keep_busy
 from pipelines.runner import Inputs, Listing, input_files
@@ -45,13 +45,16 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 
 def dry_run_report(cfg: AppConfig, num_rows: int | None = None) -> dict:
-    plan = resource_plan(cfg, num_rows)
+    """What the run would start (`control.plan.resolve`): the batch engines' vLLM kwargs,
+    the start-up K table included, and the resource plan."""
+    run = resolve(cfg, num_rows)
+    plan = run.resources
     shown = plan.as_dict()
     if plan.capacity is not None:
         shown["capacity"]["shards_to_keep_engines_busy"] = shards_to_keep_busy(plan.max_actors)
     return {
         "name": cfg.name,
-        "vllm_kwargs": to_vllm_kwargs(cfg.engine),
+        "vllm_kwargs": to_vllm_kwargs(run.batch.engine),
         "resource_plan": {**shown, "summary": plan.describe()},
         "sampling": cfg.sampling.model_dump(),
         "input": cfg.input,

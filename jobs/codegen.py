@@ -20,7 +20,7 @@ from typing import Any
 
 from configs import AppConfig
 from control.capacity import steady_state_vs_paper
-from control.plan import ResourcePlan, resource_plan
+from control.plan import ResourcePlan, RunPlan, resolve
 from jobs.cli import OUTPUTS, job_main
 from jobs.job_report import TIMELINE_FILE, write_report
 from pipelines.codegen import codegen_spec
@@ -42,8 +42,8 @@ def run_codegen(cfg: AppConfig, stage_cls: type | None = None, shards: Listing |
                         plan_for=lambda fs_spec, files: job_plan(cfg, fs_spec, files),
                         status=lambda engines: _status_line(engines, started), shards=shards)
     summary = build_summary(cfg, run)
-    if run.plan.capacity is not None:
-        summary["capacity"] = capacity_summary(run.plan, summary, len(run.todo), run.engines.per_engine)
+    if run.plan.resources.capacity is not None:
+        summary["capacity"] = capacity_summary(run.plan.resources, summary, len(run.todo), run.engines.per_engine)
     written = write_report(run.store, summary, run.committer.markers, run.started_at,
                            spec_control=run.engines.spec_control())
     if TIMELINE_FILE in written:
@@ -52,28 +52,29 @@ def run_codegen(cfg: AppConfig, stage_cls: type | None = None, shards: Listing |
     return summary
 
 
-def job_plan(cfg: AppConfig, fs_spec: FsSpec, todo: list[Shard]) -> ResourcePlan:
-    """The resource plan for the shard files still to read. Where the config names a calibration,
+def job_plan(cfg: AppConfig, fs_spec: FsSpec, todo: list[Shard]) -> RunPlan:
+    """The run's plan (`control.plan.resolve`) for the shard files still to read. Where the config names a calibration,
     their rows are counted (`count_rows`: footers and heads, COUNT_THREADS shards at a time) for
     the capacity estimate, which also sizes the pool to `pool.deadline_hours`; the job's own
     engines only (not `serve_app`). The estimate is advice: if counting fails (a store
     fault the reader's retries would ride out), the job runs on the configured pool."""
     if cfg.serve_app or cfg.capacity_calibration() is None:
-        return resource_plan(cfg)
+        return resolve(cfg)
     try:
         with ThreadPoolExecutor(COUNT_THREADS) as pool:
             rows = sum(pool.map(lambda shard: count_rows(fs_spec, shard), todo))
     except Exception as exc:  # advice only: any failure to count leaves the configured pool
         log.warning("capacity estimate skipped (pool.deadline_hours not applied), pool %d..%d as configured: "
                     "%s: %s", cfg.pool.min_actors, cfg.pool.max_actors, type(exc).__name__, exc)
-        return resource_plan(cfg)
-    plan = resource_plan(cfg, rows)
+        return resolve(cfg)
+    run_plan = resolve(cfg, rows)
+    plan = run_plan.resources
     log.info("capacity (%s, on paper): %s; pool %d..%d engines", plan.capacity["calibration"],
              plan.capacity["reason"], plan.min_actors, plan.max_actors)
     if todo and len(todo) < shards_to_keep_busy(plan.max_actors):
         log.warning("%d shards to run for up to %d engines: some will idle; split the input into >= %d shards",
                     len(todo), plan.max_actors, shards_to_keep_busy(plan.max_actors))
-    return plan
+    return run_plan
 
 
 def capacity_summary(plan: ResourcePlan, summary: dict[str, Any], num_shards_run: int,

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from actors.engine import Engine
 from configs import AppConfig
-from control.plan import resource_plan
+from control.plan import resource_plan, startup_engine
 from jobs.cli import handle_dry_run, parse_config, parser
 from pipelines.score_code import read_problems
 
@@ -54,7 +54,7 @@ async def _one_at_a_time(engine, prompts: Sequence[str], max_tokens: int) -> dic
 
 
 def run_engine(cfg: AppConfig, prompts: Sequence[str], max_tokens: int) -> dict[str, Any]:
-    engine = Engine(cfg.engine, cfg.sampling)
+    engine = Engine(startup_engine(cfg.engine), cfg.sampling)
     try:
         return asyncio.run(_one_at_a_time(engine, prompts, max_tokens))
     finally:

@@ -15,7 +15,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from configs.schema import AppConfig, SamplingDefaults
-from control.plan import ResourcePlan
+from control.plan import RunPlan
 from pipelines.engine_stage import CONCURRENT_BATCHES_PER_ACTOR, EngineStage
 from pipelines.rows import parse_line, parse_row, response_line, sample_requests
 from pipelines.runner import ShardJobSpec
@@ -59,7 +59,7 @@ def tally(result: dict[str, Any]) -> dict[str, int]:
 SERVE_CLIENT_CPUS = 0.25
 
 
-def _via_serve(ds: "ray.data.Dataset", cfg: AppConfig, plan: ResourcePlan, board) -> "ray.data.Dataset":
+def _via_serve(ds: "ray.data.Dataset", cfg: AppConfig, plan: RunPlan, board) -> "ray.data.Dataset":
     """Rows go to a running Serve app's replicas (shared with online traffic)."""
     import ray.data
 

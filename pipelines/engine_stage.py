@@ -7,7 +7,7 @@ Ray Data runs several batches per actor at once, so vLLM keeps batching across r
 batches (no idle engine while the slowest row of one batch finishes). What one row asks
 of the engine is `run` (generation here; `pipelines.score_logprobs.ScoreStage` scores).
 Rows that already carry an error pass through untouched.
-`engine_pool` maps a stage over a dataset on the actor pool a `ResourcePlan` sizes.
+`engine_pool` maps a stage over a dataset on the actor pool a `RunPlan` sizes.
 After each batch a stage reports its engine's cumulative statistics to the job's
 `EngineBoard` (a small Ray actor), awaited before the batch's rows go on, so the driver
 reads every engine's final counters once the dataset is drained; `EngineReports` totals
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from actors.engine import Engine
 from actors.spec_stats import SpecDecodeStats
 from configs.schema import AppConfig
-from control.plan import ResourcePlan
+from control.plan import RunPlan
 from pipelines.shardjob import RowStage
 
 # Ray is imported where it is used: importing pipelines (as jobs.cli's --dry-run does) must
@@ -94,7 +94,7 @@ def _node_id() -> str | None:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
-def engine_pool(ds: "ray.data.Dataset", cfg: "AppConfig", plan: "ResourcePlan", stage_cls: type,
+def engine_pool(ds: "ray.data.Dataset", plan: RunPlan, stage_cls: type,
                 **stage_kwargs: Any) -> "ray.data.Dataset":
     """`stage_cls(cfg=..., **stage_kwargs)` mapped over `ds` on `plan`'s actor pool.
 
@@ -102,21 +102,21 @@ def engine_pool(ds: "ray.data.Dataset", cfg: "AppConfig", plan: "ResourcePlan", 
     them whole on one node (what a STRICT_PACK group of one-GPU bundles gives, with no
     group to manage; vLLM runs its TP workers as processes of that actor). Engines spread
     over the nodes (SPREAD), so a node lost takes as few engines as it can. The engines
-    start as the plan says (`ResourcePlan.engine_config`: without the drafter where the
+    start as the plan resolved them (`RunPlan.batch`: without the drafter where the
     capacity estimate found that faster for the job's work)."""
     import ray.data
 
     return ds.map_batches(
         stage_cls,
-        fn_constructor_kwargs={"cfg": plan.engine_config(cfg).model_dump(mode="json"), **stage_kwargs},
-        compute=ray.data.ActorPoolStrategy(min_size=plan.min_actors, max_size=plan.max_actors),
-        batch_size=engine_batch_size(cfg),
+        fn_constructor_kwargs={"cfg": plan.batch.model_dump(mode="json"), **stage_kwargs},
+        compute=ray.data.ActorPoolStrategy(min_size=plan.resources.min_actors, max_size=plan.resources.max_actors),
+        batch_size=engine_batch_size(plan.batch),
         batch_format="numpy",
         # Several Ray Data tasks (blocks) per actor at once, so the engine does not drain
         # at a block/shard boundary; the stage caps the requests actually in flight.
         max_concurrency=CONCURRENT_BATCHES_PER_ACTOR,
         scheduling_strategy="SPREAD",
-        **plan.ray_actor_options(),
+        **plan.resources.ray_actor_options(),
     )
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from configs.load import dump_config
 from configs.schema import AppConfig
-from control.plan import ResourcePlan, resource_plan
+from control.plan import RunPlan, resolve
 from pipelines.engine_stage import EngineReports, EngineStage, engine_pool, read_board, start_board
 from pipelines.shardjob import Parser, drain, read_stage, shard_item
 from pipelines.sink import Render, ShardCommitter, Tally
@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # Ray is imported where it is used (pipelines/engine_stage.py
 
 log = logging.getLogger(__name__)
 
-EngineStep = Callable[["ray.data.Dataset", "AppConfig", ResourcePlan, Any], "ray.data.Dataset"]
+EngineStep = Callable[["ray.data.Dataset", "AppConfig", RunPlan, Any], "ray.data.Dataset"]
 Listing = list[tuple[str, list[Shard]]]  # (shard name, its files in reading order) per shard
 Inputs = Callable[[FsSpec, str], Listing]
 
@@ -68,13 +68,13 @@ class ShardJobRun:
     todo: list[str]
     committer: ShardCommitter
     engines: EngineReports
-    plan: ResourcePlan
+    plan: RunPlan
     started_at: float
     elapsed_s: float
 
 
 def run_shard_job(cfg: "AppConfig", spec: ShardJobSpec,
-                  plan_for: Callable[[FsSpec, list[Shard]], ResourcePlan] | None = None,
+                  plan_for: Callable[[FsSpec, list[Shard]], RunPlan] | None = None,
                   status: Callable[[EngineReports], str] | None = None,
                   shards: Listing | None = None) -> ShardJobRun:
     """Run (or resume) `spec` on `cfg.input` -> `cfg.output`. `plan_for(fs_spec, files)`
@@ -92,7 +92,7 @@ def run_shard_job(cfg: "AppConfig", spec: ShardJobSpec,
     log.info("%s: %d shards, %d already committed, %d to run", spec.name, len(shards), len(committed), len(todo))
     store.write_text("_config.yaml", dump_config(cfg))
     committer = ShardCommitter(store, store.committed_ids(list(committed)), spec.render, spec.tally)
-    plan = plan_for(fs_spec, [f for _, files in todo for f in files]) if plan_for else resource_plan(cfg)
+    plan = plan_for(fs_spec, [f for _, files in todo for f in files]) if plan_for else resolve(cfg)
     board = start_board()
     if todo:
         items = [shard_item(name, files) for name, files in todo]
@@ -101,7 +101,7 @@ def run_shard_job(cfg: "AppConfig", spec: ShardJobSpec,
         if spec.engine_step is not None:
             ds = spec.engine_step(ds, cfg, plan, board)
         else:
-            ds = engine_pool(ds, cfg, plan, spec.stage, board=board, **spec.stage_kwargs)
+            ds = engine_pool(ds, plan, spec.stage, board=board, **spec.stage_kwargs)
         drain(ds, committer, [name for name, _ in todo], status and (lambda: status(read_board(board))))
     return ShardJobRun(store, [name for name, _ in shards], committed, [name for name, _ in todo], committer,
                        read_board(board), plan, started_at, time.monotonic() - started)

@@ -37,8 +37,8 @@ from ray import serve
 from actors.engine import Engine
 from actors.engine_lifecycle import ENGINE_DEATH_RETRIES
 from actors.requests import PRIORITY_BATCH
-from configs import AppConfig, load_config
-from control.plan import resource_plan
+from configs import AppConfig, EngineConfig, load_config
+from control.plan import resolve
 from serving.autoscale import autoscaling_config, autoscaling_stats
 from serving.batch_gate import BatchGate
 from serving.engine_retry import serve_across_deaths
@@ -53,9 +53,10 @@ METRICS_EVERY_S = 5.0
 
 @serve.ingress()
 class EngineReplica:
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, cfg: dict[str, Any], engine: dict[str, Any]):
+        """`engine`: the replica's engine config as the app resolved it (`RunPlan.serve_engine`)."""
         self.cfg = AppConfig.model_validate(cfg)
-        self.engine = Engine(self.cfg.serving_engine(), self.cfg.sampling, device=self.cfg.pool.device)
+        self.engine = Engine(EngineConfig.model_validate(engine), self.cfg.sampling, device=self.cfg.pool.device)
         self.lease = None
         controller = self.engine.controller
         context = serve.get_replica_context()
@@ -186,7 +187,8 @@ def deployment_for(cfg: AppConfig) -> serve.Application:
     """The bound Serve application for a config: replicas = engine actors with the
     resource plan's resources, scaling between pool.min_actors and pool.max_actors on the
     capacity each replica predicts (serving.autoscale)."""
-    plan = resource_plan(cfg)
+    run = resolve(cfg)
+    plan = run.resources
     # Serve spreads replicas over the nodes by default; a replica's TP GPUs are its own.
     actor_options = plan.ray_actor_options()
     api_key = os.environ.get(cfg.serve.api_key_env)
@@ -205,7 +207,7 @@ def deployment_for(cfg: AppConfig) -> serve.Application:
         health_check_timeout_s=60,
         **scaling,
     )
-    return deployment.bind(cfg.model_dump(mode="json"))
+    return deployment.bind(cfg.model_dump(mode="json"), run.serve_engine.model_dump(mode="json"))
 
 
 def build_app(args: dict[str, Any]) -> serve.Application:

@@ -10,6 +10,7 @@ import time
 
 from actors.engine import Engine
 from configs import load_config
+from control.plan import startup_engine
 
 
 class LoopThread:
@@ -25,7 +26,7 @@ class LoopThread:
         cfg = load_config("tiny", overrides)
 
         async def build():
-            return Engine(cfg.engine, cfg.sampling)
+            return Engine(startup_engine(cfg.engine), cfg.sampling)
 
         return self.run(build())
 

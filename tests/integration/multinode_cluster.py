@@ -60,16 +60,15 @@ def placements(preset: str, overrides: list[str]) -> dict[str, Any]:
     import ray.data
 
     from configs import load_config
-    from control.plan import resource_plan
+    from control.plan import resolve
     from pipelines.engine_stage import engine_pool, start_board
 
-    cfg = load_config(preset, overrides)
-    plan = resource_plan(cfg)
+    plan = resolve(load_config(preset, overrides))
     board = start_board()
-    engine_pool(ray.data.range(64, override_num_blocks=16), cfg, plan, WhereAmI,
-                board=board, hosts=plan.max_actors).materialize()
+    engine_pool(ray.data.range(64, override_num_blocks=16), plan, WhereAmI,
+                board=board, hosts=plan.resources.max_actors).materialize()
     hosts = ray.get(board.snapshot.remote())
-    return {"plan": plan.as_dict(), "hosts": sorted(hosts.values(), key=lambda w: (w["node"], w["gpus"]))}
+    return {"plan": plan.resources.as_dict(), "hosts": sorted(hosts.values(), key=lambda w: (w["node"], w["gpus"]))}
 
 
 def codegen(args: dict[str, Any], output: str, stage_cls: type | None = None) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import pytest
 
 from actors.engine import Engine
 from configs import load_config
+from control.plan import resolve
 from fuzz_answers import send_http
 from fuzz_requests import Fuzzed, batch_row, chat_request, completion_request
 from serving.app import guarded
@@ -88,7 +89,7 @@ def start_replica_engine(loop, overrides: list[str]):
     cfg = load_config("tiny", overrides)
 
     async def build():
-        engine = Engine(cfg.serving_engine(), cfg.sampling, device="cpu")
+        engine = Engine(resolve(cfg).serve_engine, cfg.sampling, device="cpu")
         try:
             app = await engine.openai_app(cfg.name)
         except BaseException:

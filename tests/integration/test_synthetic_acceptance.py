@@ -16,6 +16,7 @@ import pytest
 from actors.engine import Engine
 from actors.spec_stats import SpecDecodeStats
 from configs import load_config
+from control.plan import startup_engine
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +45,7 @@ MIN_CALIBRATION_DRAFTS = 2000
 
 def _generate(overrides: list[str], requests: list[dict]) -> tuple[dict[str, dict], SpecDecodeStats]:
     cfg = load_config("tiny", ["engine.spec.controller=off", *overrides])  # K=4 throughout
-    engine = Engine(cfg.engine, cfg.sampling)
+    engine = Engine(startup_engine(cfg.engine), cfg.sampling)
 
     async def run_all():
         return await asyncio.gather(*(engine.generate(r) for r in requests))

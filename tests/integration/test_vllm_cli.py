@@ -10,6 +10,7 @@ import pytest
 
 from configs import load_config
 from configs.vllm_args import to_vllm_kwargs
+from control.plan import serve_engine
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +32,7 @@ def test_vllm_serve_flags_rebuild_the_presets_engine(overrides):
 
     from benchmarks.serve_overhead import vllm_serve_args
 
-    kwargs = to_vllm_kwargs(load_config("tiny", overrides).serving_engine())
+    kwargs = to_vllm_kwargs(serve_engine(load_config("tiny", overrides)))
     argv = vllm_serve_args(kwargs)
     parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", argv[0], *argv[1:]])
     engine = EngineArgs.from_cli_args(parsed)

@@ -12,7 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from configs import ConfigError, load_config
-from control.plan import resource_plan
+from actors.engine import Engine
+from control.live import startup_schedule
+from control.plan import resolve, resource_plan
+from jobs.cli import dry_run_report
 from control.capacity import batch_pool_size, full_engine_throughput, steady_state_vs_paper
 from control.model import StepCostModel
 from pipelines.storage import ROW_SAMPLE_BYTES, FsSpec, count_rows, list_shards, read_shard
@@ -213,3 +216,25 @@ def test_starting_without_the_drafter_needs_a_way_back():
     with pytest.raises(ValueError, match="start_speculating=false needs replacement.enabled=true"):
         load_config("tiny", [f"engine.spec.controller.calibration={DRAFTER_PASS}",
                              "engine.spec.controller.replacement={enabled: false, start_speculating: false}"])
+
+
+def test_the_door_resolves_each_hosts_engine_once_and_the_dry_run_shows_what_runs():
+    cfg = load_config("tiny", ["serve.max_num_batched_tokens=256"])
+    run = resolve(cfg)
+    table = [list(r) for r in startup_schedule(cfg.engine)]  # what the controller would choose first
+    assert [list(r) for r in run.batch.engine.spec.schedule] == table
+    assert [list(r) for r in run.serve_engine.spec.schedule] == table
+    assert run.serve_engine.max_num_batched_tokens == 256 and run.batch.engine.max_num_batched_tokens is None
+    assert cfg.engine.spec.schedule is None  # the loaded config is left as loaded
+    shown = dry_run_report(cfg)["vllm_kwargs"]["speculative_config"]
+    assert shown["num_speculative_tokens_per_batch_size"] == table  # the dry run shows the table the engines start with
+    # A configured table is kept as it is, and an engine without a controller gets none.
+    fixed = resolve(load_config("tiny", ["engine.spec.schedule=[[1,32,4]]"]))
+    assert [list(r) for r in fixed.batch.engine.spec.schedule] == [[1, 32, 4]]
+    off = resolve(load_config("tiny", ["engine.spec.controller=off"]))
+    assert off.batch.engine.spec.schedule is None and off.serve_engine.spec.schedule is None
+
+
+def test_an_engine_config_that_skipped_the_door_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"no start-up table .* resolve it first \(control.plan.resolve"):
+        Engine(load_config("tiny").engine)  # refused before any engine starts

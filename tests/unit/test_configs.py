@@ -10,7 +10,7 @@ from configs import ConfigError, load_config, preset_names, to_vllm_kwargs
 from configs.sandbox_limits import SandboxLimits
 from configs.schema import CodeScoringConfig
 from configs.vllm_args import live_k_values
-from control.plan import resource_plan
+from control.plan import resolve, resource_plan
 
 pytestmark = pytest.mark.unit
 
@@ -186,8 +186,9 @@ def test_cpu_pool_requires_kv_cache_size_and_tp1():
 
 def test_serve_step_budget_applies_to_the_replicas_engine_only_and_is_checked():
     cfg = load_config("tiny", ["serve.max_num_batched_tokens=256"])
-    assert to_vllm_kwargs(cfg.serving_engine())["max_num_batched_tokens"] == 256
-    assert "max_num_batched_tokens" not in to_vllm_kwargs(cfg.engine)  # batch jobs' own engines keep vLLM's
+    run = resolve(cfg)
+    assert to_vllm_kwargs(run.serve_engine)["max_num_batched_tokens"] == 256
+    assert "max_num_batched_tokens" not in to_vllm_kwargs(run.batch.engine)  # batch jobs' own engines keep vLLM's
     assert to_vllm_kwargs(cfg.engine)["block_size"] == 32
     with pytest.raises(ConfigError, match=r"serve.max_num_batched_tokens \(16\) must be >= engine.max_num_seqs \(32\)"):
         load_config("tiny", ["serve.max_num_batched_tokens=16"])

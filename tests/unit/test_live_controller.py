@@ -16,7 +16,8 @@ import asyncio
 
 import pytest
 
-from control.live import TIMELINE_POINTS, LiveSpecController, startup_schedule
+from control.live import TIMELINE_POINTS, LiveSpecController
+from control.plan import startup_engine
 from actors.spec_stats import StepWindow
 from configs import load_config
 from control.baselines import dense_from_schedule
@@ -103,8 +104,7 @@ class CalibratedEngine:
 
 
 def controlled(acceptance: list[float], overrides=("engine.spec.controller.replacement.enabled=false",), cal=CAL):
-    cfg = load_config("tiny", OVERRIDES + list(overrides)).engine
-    cfg.spec.schedule = startup_schedule(cfg)  # as the engine does at start-up
+    cfg = startup_engine(load_config("tiny", OVERRIDES + list(overrides)).engine)  # as resolved at the door
     engine = CalibratedEngine(cfg, acceptance, cal)
     clock = Clock(cfg.spec.controller.interval_s)
     ctl = LiveSpecController(engine, cfg, CAL.kv_capacity_tokens, measure=engine.measure, clock=clock)
