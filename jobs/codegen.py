@@ -53,11 +53,12 @@ def run_codegen(cfg: AppConfig, stage_cls: type | None = None, shards: Listing |
 
 
 def job_plan(cfg: AppConfig, fs_spec: FsSpec, todo: list[Shard]) -> RunPlan:
-    """The run's plan (`control.plan.resolve`) for the shard files still to read. Where the config names a calibration,
-    their rows are counted (`count_rows`: footers and heads, COUNT_THREADS shards at a time) for
-    the capacity estimate, which also sizes the pool to `pool.deadline_hours`; the job's own
-    engines only (not `serve_app`). The estimate is advice: if counting fails (a store
-    fault the reader's retries would ride out), the job runs on the configured pool."""
+    """The run's plan (`control.plan.resolve`) for the shard files still to read. Where
+    the config names a calibration, their rows are counted (`count_rows`: footers and
+    heads, COUNT_THREADS shards at a time) for the capacity estimate, which also sizes the
+    pool to `pool.deadline_hours`; the job's own engines only (not `serve_app`). The
+    estimate is advice: if counting fails (a store fault the reader's retries would ride
+    out), the job runs on the configured pool."""
     if cfg.serve_app or cfg.capacity_calibration() is None:
         return resolve(cfg)
     try:
