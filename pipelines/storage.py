@@ -154,13 +154,10 @@ def count_rows(fs_spec: FsSpec, shard: Shard) -> int:
                 return pq.ParquetFile(f).metadata.num_rows
         size = shard.size if shard.size is not None else fs.size(path)
         head = fs.cat_file(path, start=0, end=min(size, ROW_SAMPLE_BYTES))
-    lines = head.split(b"\n")
-    if len(head) < size:
-        lines.pop()  # cut at the sample's edge
+    whole = len(head) >= size
+    lines = head.split(b"\n") if whole else head.split(b"\n")[:-1]  # the last cut at the sample's edge
     rows = sum(1 for line in lines if line.decode("utf-8", errors="replace").strip())
-    if len(head) >= size:
-        return rows
-    return round(rows * size / max(1, sum(len(line) + 1 for line in lines)))
+    return rows if whole else round(rows * size / max(1, sum(len(line) + 1 for line in lines)))
 
 
 class OutputStore:
