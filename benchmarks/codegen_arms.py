@@ -42,7 +42,7 @@ def sampling_values(cfg: AppConfig) -> dict[str, Any]:
 
 def knobs(cfg: AppConfig, num_shards: int) -> dict[str, dict[str, Any]]:
     """What each arm batches with, as documented in the results."""
-    from pipelines.engine_stage import CONCURRENT_BATCHES_PER_ACTOR, engine_batch_size
+    from actors.batch_host import CONCURRENT_BATCHES_PER_ACTOR, engine_batch_size
     from pipelines.shardjob import READ_CPUS
 
     return {
@@ -98,7 +98,7 @@ def _stamping_stage_cls(stamp_dir: str) -> type:
     ready and when its first batch arrives, so the driver can split start-up from
     generation exactly as for ray.data.llm (whose window starts at its first request's
     arrival). Nothing else changes."""
-    from pipelines.engine_stage import EngineStage
+    from actors.batch_host import EngineStage
 
     class StampingEngineStage(EngineStage):
         def __init__(self, cfg, **kwargs):

@@ -1,5 +1,5 @@
 """Speculation controller vs fixed K, a vLLM-style static table and SGLang-style
-candidate sets, in the discrete-event simulator (control.simulator).
+candidate sets, in the discrete-event simulator (benchmarks.sim.simulator).
 
     python -m benchmarks.controller_sim [--calibration b200-qwen3-coder-30b-a3b.json]
         [--duration-s 20] [--phase-s 15] [--out-dir out/bench]
@@ -7,7 +7,7 @@ candidate sets, in the discrete-event simulator (control.simulator).
 Prints: the calibration's fit residuals; throughput per policy at concurrency
 1..max_num_seqs (one replica, closed loop, the calibration's code workload) with each
 policy's ratio to the best fixed K (any K in 0..K_max) at that concurrency; then, on every trace of
-`control.scenarios.trace_suite` (load only; day code / night chat; the worst-case mixes
+`benchmarks.sim.scenarios.trace_suite` (load only; day code / night chat; the worst-case mixes
 for code, chat and code+chat), each policy's throughput against the best fixed K over
 all K in 0..K_max, the simulated oracle (best fixed K per phase) and the model ceiling,
 and each policy's share of the oracle's gain. Goals (issue: load-aware speculation):
@@ -23,11 +23,11 @@ import json
 import time
 from pathlib import Path
 
-from control.calibration import SHIPPED_DIR, load_calibration
-from control.scenarios import (
+from benchmarks.sim.scenarios import (
     FIXED_KS, SWEEP_CONCURRENCY, best_fixed, chat_workload, code_workload, model_ceiling, phase_oracle, policy_lineup,
     run_sweep, run_trace, trace_suite, worst_case_ceiling,
 )
+from control.calibration import SHIPPED_DIR, load_calibration
 
 SWEEP_GOAL, ORACLE_SHARE_GOAL = 0.98, 0.85
 

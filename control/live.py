@@ -33,12 +33,11 @@ import numpy as np
 
 from configs.schema import EngineConfig, SpecControllerConfig
 from configs.vllm_args import live_k_values
-from control.baselines import dense_from_schedule
 from control.calibration import calibration_file, load_calibration
 from control.capacity import ReplicaCapacity, replica_capacity
 from control.model import max_batch_size, plain_step_time_s
-from control.policy import (ControllerConfig, Decision, ReplicaSignals, StepTimeSample, decide, initial_state,
-                            schedule_from_table)
+from control.policy import (ControllerConfig, Decision, ReplicaSignals, StepTimeSample, decide, dense_from_schedule,
+                            initial_state, schedule_from_table)
 from control.replacement import (ReplacementConfig, ReplacementState, decide_replacement, load_times_per_token_s,
                                  other_engine_faster_at_load, times_per_token_s)
 

@@ -104,7 +104,7 @@ class StepCostModel:
 
     @cached_property
     def _coefficients(self) -> tuple[float, ...]:
-        # Cached: step_time_s runs once per simulated step (control.simulator).
+        # Cached: step_time_s runs once per simulated step (benchmarks.sim.simulator).
         return tuple(float(getattr(self, name)) for name in FEATURE_NAMES)
 
     def with_coefficients(self, values: Sequence[float]) -> "StepCostModel":

@@ -307,6 +307,17 @@ def schedule_from_table(k_by_batch: Sequence[int]) -> Schedule:
     return tuple(out)
 
 
+def dense_from_schedule(schedule: Sequence[Sequence[int]], max_num_seqs: int, max_k: int) -> list[int]:
+    """vLLM's lookup, the inverse of `schedule_from_table`: K for B = 1..max_num_seqs (index
+    B-1), gaps and tail carry the previous K forward, every K clamped to the engine's
+    start-up K."""
+    ranges = sorted((int(a), int(b), int(k)) for a, b, k in schedule)
+    if not ranges or ranges[0][0] != 1:
+        raise ValueError(f"a schedule's first range must start at batch size 1, got {schedule!r}")
+    # The last range starting at or before B either holds B or ends before it (carry forward).
+    return [min(max_k, [k for lo, _, k in ranges if lo <= b][-1]) for b in range(1, max_num_seqs + 1)]
+
+
 def _allowed_at_least(config: ControllerConfig, k: int) -> int:
     """The smallest K the engine can run that is >= k (K_max if none)."""
     if config.allowed_k is None:

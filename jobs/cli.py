@@ -12,10 +12,10 @@ import logging
 import sys
 from typing import Any, Callable
 
+from actors.batch_host import shards_to_keep_busy
 from configs import AppConfig, ConfigError, load_config, to_vllm_kwargs
 from control.plan import resolve, resource_plan
 from pipelines.cpu_priority import give_way
-from pipelines.engine_stage import shards_to_keep_busy
 from pipelines.runner import Inputs, Listing, input_files
 from pipelines.storage import FsSpec, StorageError
 

@@ -18,13 +18,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from actors.batch_host import EngineStage, shards_to_keep_busy
 from configs import AppConfig
 from control.capacity import steady_state_vs_paper
 from control.plan import ResourcePlan, RunPlan, resolve
 from jobs.cli import OUTPUTS, job_main
 from jobs.job_report import TIMELINE_FILE, write_report
 from pipelines.codegen import codegen_spec
-from pipelines.engine_stage import EngineStage, shards_to_keep_busy
 from pipelines.runner import Listing, run_shard_job
 from pipelines.sink import summary_head
 from pipelines.storage import FsSpec, Shard, count_rows

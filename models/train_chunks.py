@@ -300,9 +300,25 @@ def deep16_peagle3_plan(seed: int = 0) -> Plan:
     return Plan(name="deep16-peagle3", spec=spec.to_dict(), phases=(heads,))
 
 
+def deep16_peagle3_long_plan(seed: int = 0) -> Plan:
+    """The default build's heads trained on, for #36's acceptance goals: both heads start
+    from artifacts/tiny (deep16-peagle3's output) and train 2400 steps more at its peak lr,
+    both alike, so the P-EAGLE / EAGLE-3 comparison stays fair. deep16-peagle3's 300 steps
+    lowered the P-EAGLE head's training loss (3.60 -> 3.16) without moving vLLM's
+    acceptance; the GPU recipe the heads started from ran ~2700 steps. About 10 steps a
+    minute on one thread: run it in `make train` chunks over several sessions
+    (`--init artifacts/tiny/target`), measure with `models.measure_acceptance` between them."""
+    base = deep16_peagle3_plan(seed)
+    # Seed 1: batches drawn afresh, not deep16-peagle3's first 300 again.
+    heads = replace(base.phases[0], steps=2400, seed=seed + 1, init_heads={
+        "peagle": "artifacts/tiny/peagle-head", "eagle3": "artifacts/tiny/eagle3-head"})
+    return Plan(name="deep16-peagle3-long", spec=base.spec, phases=(heads,))
+
+
 PLANS: dict[str, Callable[[], Plan]] = {"cpu": cpu_plan, "deep16": deep16_plan,
                                         "deep16-heads": deep16_heads_plan,
-                                        "deep16-peagle3": deep16_peagle3_plan}
+                                        "deep16-peagle3": deep16_peagle3_plan,
+                                        "deep16-peagle3-long": deep16_peagle3_long_plan}
 
 
 def load_plan_arg(value: str) -> Plan:

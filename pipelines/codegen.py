@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from actors.batch_host import CONCURRENT_BATCHES_PER_ACTOR, EngineStage
 from configs.schema import AppConfig, SamplingDefaults
 from control.plan import RunPlan
-from pipelines.engine_stage import CONCURRENT_BATCHES_PER_ACTOR, EngineStage
 from pipelines.rows import parse_line, parse_row, response_line, sample_requests
 from pipelines.runner import ShardJobSpec
 from pipelines.serve_stage import ServeStage

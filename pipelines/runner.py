@@ -7,7 +7,7 @@ stage, a render and a tally) and a summary of its own.
       --> ShardCommitter(spec.render, spec.tally): results/, errors/, _commits/ per shard
 
 The resolved config is written next to the outputs first. Owns the order of these steps
-and nothing else: row shape (`pipelines.shardjob`), engines (`pipelines.engine_stage`),
+and nothing else: row shape (`pipelines.shardjob`), engines (`actors.batch_host`),
 commits (`pipelines.sink`) and storage (`pipelines.storage`) live where they are named.
 """
 
@@ -19,15 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from actors.batch_host import EngineReports, EngineStage, engine_pool, read_board, start_board
 from configs.load import dump_config
 from configs.schema import AppConfig
 from control.plan import RunPlan, resolve
-from pipelines.engine_stage import EngineReports, EngineStage, engine_pool, read_board, start_board
 from pipelines.shardjob import Parser, drain, read_stage, shard_item
 from pipelines.sink import Render, ShardCommitter, Tally
 from pipelines.storage import FsSpec, OutputStore, Shard, list_shards
 
-if TYPE_CHECKING:  # Ray is imported where it is used (pipelines/engine_stage.py says why)
+if TYPE_CHECKING:  # Ray is imported where it is used (actors/batch_host.py says why)
     import ray.data
 
 log = logging.getLogger(__name__)

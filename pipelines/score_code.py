@@ -22,15 +22,16 @@ import json
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
 
+from actors.row_stage import columns, plain_rows
 from configs.schema import CodeScoringConfig
 from pipelines.passk import overall_pass_at_k, task_pass_at_k
 from pipelines.rows import SAMPLE_SEP, RowError
 from pipelines.runner import Inputs, ShardJobSpec
-from pipelines.shardjob import columns, load_json_line, plain_rows
+from pipelines.shardjob import load_json_line
 from pipelines.storage import FsSpec
 from sandbox.launch import check_available, run_python
 
-if TYPE_CHECKING:  # Ray is imported where it is used (pipelines/engine_stage.py says why)
+if TYPE_CHECKING:  # Ray is imported where it is used (actors/batch_host.py says why)
     import ray.data
 
 # The Codex paper's stop sequences: a completion ends where the function body ends.

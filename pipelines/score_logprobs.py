@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pipelines.engine_stage import EngineStage
+from actors.batch_host import EngineStage
+from configs.schema import LogprobScoringConfig
 from pipelines.rows import RowError
 from pipelines.runner import ShardJobSpec
-from configs.schema import LogprobScoringConfig
 from pipelines.shardjob import load_json_line
 
 ROW_KEYS = {"custom_id", "id", "prompt", "completion"}

@@ -15,17 +15,17 @@ import asyncio
 import time
 from typing import Any
 
+from actors.row_stage import RowStage
 from configs.schema import AppConfig
 from pipelines.backpressure import AdaptiveWindow
 from pipelines.cpu_priority import give_way
-from pipelines.shardjob import RowStage
 
 BUSY_GIVE_UP_S = 3600.0
 MAX_REPLICA_FAILURES = 3
 
 
 class ServeStage(RowStage):
-    """The row protocol (`pipelines.shardjob.RowStage`) on a running Serve app's replicas,
+    """The row protocol (`actors.row_stage.RowStage`) on a running Serve app's replicas,
     through its batch door, in an adaptive window that backs off while they are busy."""
 
     def __init__(self, cfg: dict[str, Any], board=None):

@@ -1,43 +1,39 @@
-"""What every shard job shares: the row schema, reading shards into rows, and draining a
-dataset into the job's committer (`pipelines.sink.ShardCommitter`).
+"""What every shard job shares: reading shards into rows and draining a dataset into the
+job's committer (`pipelines.sink.ShardCommitter`).
 
 A shard job is a short spec over these: a parser (raw record -> [(custom_id, payload)]),
-a stage that adds `result` to rows (`RowStage`, the base of the engine stage
-`pipelines.engine_stage` and of the Serve client `pipelines.serve_stage`, or any other
-map_batches callable), and a render and tally for the committer. Codegen
+a stage that adds `result` to rows (`actors.row_stage.RowStage`, the base of the engine
+stage `actors.batch_host.EngineStage` and of the Serve client `pipelines.serve_stage`, or
+any other map_batches callable), and a render and tally for the committer. Codegen
 (`pipelines.codegen`), likelihood scoring (`pipelines.score_logprobs`) and code scoring
 (`pipelines.score_code`) are three such specs.
 
-Row columns (all plain values): shard, row_no (unique within the shard: one input line
-may give several rows, e.g. n samples), line_no (1-based, across the shard's files),
-shard_rows, custom_id, payload (JSON for the stage), error (JSON {reason, message} or
-None); a stage adds `result` (JSON or None). Errors belong to rows: a bad line is one
-error row, an unreadable file one error row; only a store that refuses (retries spent)
-stops the job. Knows nothing about engines, S3 layout or commit semantics.
+Rows carry `actors.row_stage.ROW_COLUMNS`: row_no is unique within the shard (one input
+line may give several rows, e.g. n samples), line_no 1-based across the shard's files.
+Errors belong to rows: a bad line is one error row, an unreadable file one error row;
+only a store that refuses (retries spent) stops the job. Knows nothing about engines, S3
+layout or commit semantics.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from actors.row_stage import error_json
 from pipelines.cpu_priority import give_way
 from pipelines.rows import RowError
 from pipelines.sink import ShardCommitter
 from pipelines.storage import FsSpec, Shard, StorageError, read_shard
 
-if TYPE_CHECKING:  # Ray is imported where it is used (pipelines/engine_stage.py says why)
+if TYPE_CHECKING:  # Ray is imported where it is used (actors/batch_host.py says why)
     import ray.data
 
 log = logging.getLogger(__name__)
 
-ROW_COLUMNS = ("shard", "row_no", "line_no", "shard_rows", "custom_id", "payload", "error")
 # Reading and parsing is light; a fraction of a CPU keeps it from competing with the
 # engines for whole cores on small nodes.
 READ_CPUS = 0.25
@@ -106,10 +102,6 @@ class ReadRows:
         return rows
 
 
-def error_json(reason: str, message: str) -> str:
-    return json.dumps({"reason": reason, "message": message})
-
-
 def load_json_line(raw: Any) -> Any:
     """A JSONL line decoded (a Parquet row arrives decoded already)."""
     if not isinstance(raw, str):
@@ -118,60 +110,6 @@ def load_json_line(raw: Any) -> Any:
         return json.loads(raw)
     except json.JSONDecodeError as exc:
         raise RowError("bad_json", f"{exc.msg} at column {exc.colno}: {raw[:80]!r}") from None
-
-
-def plain_rows(batch: dict[str, Any]) -> list[dict[str, Any]]:
-    """A numpy batch -> row dicts of Python values; an all-null column arrives as NaN."""
-    rows = []
-    for values in zip(*batch.values()):
-        row = {}
-        for key, value in zip(batch, values):
-            value = value.item() if hasattr(value, "item") else value
-            row[key] = None if isinstance(value, float) and math.isnan(value) else value
-        rows.append(row)
-    return rows
-
-
-def columns(rows: list[dict[str, Any]]) -> dict[str, list]:
-    """Rows with their `result` -> a batch of columns."""
-    return {k: [r.get(k) for r in rows] for k in (*ROW_COLUMNS, "result")}
-
-
-class RowStage:
-    """What every host of the row protocol shares, as a Ray Data map_batches callable: the
-    job's own engines (`pipelines.engine_stage.EngineStage`) and a Serve app's replicas
-    (`pipelines.serve_stage.ServeStage`). Every row of a batch runs concurrently; a row
-    that already carries an error passes through untouched; `run`'s answer becomes the
-    row's `result` (JSON), or its `error` where the answer is
-    {"ok": False, "error": {reason, message}}. A host says what one row asks (`run`) and,
-    where it needs to, how a row is admitted (`_admit`) and what follows a batch
-    (`_after_batch`)."""
-
-    async def run(self, custom_id: str, payload: dict[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def _admit(self) -> Any:
-        """An async context manager each row runs inside (default: none)."""
-        return contextlib.nullcontext()
-
-    async def _after_batch(self) -> None:
-        """Runs once a batch's rows are done, before they go on (default: nothing)."""
-
-    async def _run_row(self, row: dict[str, Any]) -> dict[str, Any]:
-        row["result"] = None
-        if row["error"] is None:
-            async with self._admit():
-                out = await self.run(row["custom_id"], json.loads(row["payload"]))
-            if out.get("ok", True):
-                row["result"] = json.dumps(out)
-            else:
-                row["error"] = error_json(out["error"]["reason"], out["error"]["message"])
-        return row
-
-    async def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
-        rows = await asyncio.gather(*(self._run_row(r) for r in plain_rows(batch)))
-        await self._after_batch()
-        return columns(list(rows))
 
 
 def drain(ds: "ray.data.Dataset", committer: "ShardCommitter", todo: list[str],

@@ -1,7 +1,7 @@
 """What the profiling job writes and shows: measurements -> a measured calibration.
 
 `measured_calibration` fits `control.model.StepCostModel` to the step times
-`tools.profile_steps` measured (NNLS, `control.calibration.fit_step_cost`) and fills the
+`tools.profile_steps` measured (NNLS, `tools.fit_calibration.fit_step_cost`) and fills the
 calibration's record of where it came from: the machine, the engine config, each
 point's repeats and residual. `print_residuals` and `plot` show the fit. Knows nothing
 about engines or how the step times were taken.
@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from configs import AppConfig
-from control.calibration import Calibration, fit_step_cost
+from control.calibration import Calibration
+from tools.fit_calibration import fit_step_cost
 from control.model import StepCostModel
 
 AGREE = 0.10  # a point is settled when its two fastest runs agree this closely

@@ -58,7 +58,8 @@ from typing import Any, Sequence
 from actors.engine import Engine
 from configs import AppConfig
 from configs.vllm_args import live_k_values
-from control.calibration import StepMeasurement, fit_k0_draft_cost, load_calibration, save_calibration
+from control.calibration import StepMeasurement, load_calibration, save_calibration
+from tools.fit_calibration import fit_k0_draft_cost
 from jobs.cli import handle_dry_run, parse_config, parser
 from tools.profile_report import AGREE, machine_description, measured_calibration, plot, print_residuals, settled
 

@@ -7,7 +7,7 @@ workers need not import the tests folder.
 import os
 from pathlib import Path
 
-from pipelines.engine_stage import EngineStage
+from actors.batch_host import EngineStage
 
 
 class _FaultOnSecondBatch(EngineStage):

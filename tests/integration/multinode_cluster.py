@@ -61,7 +61,7 @@ def placements(preset: str, overrides: list[str]) -> dict[str, Any]:
 
     from configs import load_config
     from control.plan import resolve
-    from pipelines.engine_stage import engine_pool, start_board
+    from actors.batch_host import engine_pool, start_board
 
     plan = resolve(load_config(preset, overrides))
     board = start_board()
@@ -152,7 +152,7 @@ def node_loss(args: dict[str, Any], cluster, workers, job: str) -> dict[str, Any
 
 
 def _engine_stage() -> type:
-    from pipelines.engine_stage import EngineStage
+    from actors.batch_host import EngineStage
 
     return EngineStage
 

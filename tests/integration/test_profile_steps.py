@@ -14,7 +14,8 @@ import sys
 import pytest
 
 from configs import load_config
-from control.calibration import k0_pairs, load_calibration
+from control.calibration import load_calibration
+from tools.fit_calibration import k0_pairs
 from control.model import plain_step_time_s
 
 pytestmark = pytest.mark.integration

@@ -10,16 +10,13 @@ import numpy as np
 import pytest
 
 from control.acceptance import prior_estimate, update_estimate
-from control.baselines import dense_from_schedule
-from control.calibration import (
-    SHIPPED_DIR, Calibration, StepMeasurement, b200_qwen3_coder_calibration, fit_step_cost, load_calibration,
-    save_calibration,
-)
+from control.calibration import SHIPPED_DIR, Calibration, StepMeasurement, load_calibration, save_calibration
 from control.model import (
     StepCostModel, best_num_speculative_tokens, geometric_acceptance, goodput_tokens_per_s, max_batch_size,
     tokens_per_step,
 )
-from control.policy import ControllerConfig, ReplicaSignals, StepTimeSample, decide, initial_state
+from control.policy import ControllerConfig, ReplicaSignals, StepTimeSample, decide, dense_from_schedule, initial_state
+from tools.fit_calibration import b200_qwen3_coder_calibration, fit_step_cost
 
 pytestmark = pytest.mark.unit
 
@@ -281,7 +278,7 @@ def test_shipped_cpu_calibration_is_measured_and_its_fit_matches_its_measurement
 
 
 def test_regenerating_on_paper_calibrations_leaves_measured_ones_alone(tmp_path):
-    from control.calibration import main
+    from tools.fit_calibration import main
 
     measured = (SHIPPED_DIR / "cpu-tiny.json").read_text()
     (tmp_path / "cpu-tiny.json").write_text(measured)
@@ -293,8 +290,8 @@ def test_regenerating_on_paper_calibrations_leaves_measured_ones_alone(tmp_path)
 
 
 def test_control_package_imports_no_ray_vllm_or_torch():
-    code = ("import sys, control.policy, control.simulator, control.baselines, control.calibration, "
-            "control.scenarios; "
+    code = ("import sys, control.policy, benchmarks.sim.simulator, benchmarks.sim.policies, control.calibration, "
+            "benchmarks.sim.scenarios, tools.fit_calibration; "
             "print(sorted(m for m in ('ray', 'vllm', 'torch', 'pydantic', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -16,13 +16,13 @@ import asyncio
 
 import pytest
 
-from control.live import TIMELINE_POINTS, LiveSpecController
-from control.plan import startup_engine
 from actors.spec_stats import StepWindow
 from configs import load_config
-from control.baselines import dense_from_schedule
 from control.calibration import load_calibration
+from control.live import TIMELINE_POINTS, LiveSpecController
 from control.model import plain_step_time_s, tokens_per_step
+from control.plan import startup_engine
+from control.policy import dense_from_schedule
 
 from calibrations import DRAFTER_PASS
 

@@ -90,7 +90,8 @@ def test_per_token_times_charge_the_drafters_k0_pass_to_the_speculating_engine_o
 
 
 def test_drafter_k0_cost_is_fitted_from_side_by_side_ratios_in_the_calibrations_own_seconds():
-    from control.calibration import StepMeasurement, fit_k0_draft_cost, k0_pairs
+    from control.calibration import StepMeasurement
+    from tools.fit_calibration import fit_k0_draft_cost, k0_pairs
 
     cost = StepCostModel(fixed_s=0.008, per_token_s=0.0002, per_kv_token_s=1e-6, draft_pass_s=0.0006)
 

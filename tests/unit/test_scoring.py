@@ -144,7 +144,7 @@ def test_scoring_overrides_are_typed_and_unknown_keys_refused():
 
 
 def test_scoring_modules_do_not_import_vllm_torch_or_ray():
-    code = ("import sys, pipelines.shardjob, pipelines.sink, pipelines.engine_stage, pipelines.codegen, pipelines.score_code, pipelines.score_logprobs, sandbox.launch, "
+    code = ("import sys, pipelines.shardjob, pipelines.sink, actors.batch_host, pipelines.codegen, pipelines.score_code, pipelines.score_logprobs, sandbox.launch, "
             "pipelines.passk, jobs.score_code, jobs.score_logprobs; "
             "print(sorted(m for m in ('vllm', 'torch', 'ray') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -3,14 +3,16 @@ meets the issue's acceptance criteria in it (on a reduced, faster configuration)
 
 import pytest
 
-from control.baselines import FixedK, StaticTable, dense_from_schedule
-from control.calibration import MT_BENCH_ACCEPTANCE, load_calibration
-from control.model import geometric_acceptance, goodput_tokens_per_s, tokens_per_step
-from control.scenarios import (
+from benchmarks.sim.policies import FixedK, StaticTable
+from benchmarks.sim.scenarios import (
     SWEEP_CONCURRENCY, best_fixed, chat_workload, code_workload, day_night_trace, load_trace,
     model_ceiling, phase_oracle, policy_lineup, run_sweep, run_trace, worst_case_trace,
 )
-from control.simulator import Phase, PoolConfig, Workload, simulate
+from benchmarks.sim.simulator import Phase, PoolConfig, Workload, simulate
+from control.calibration import load_calibration
+from control.model import geometric_acceptance, goodput_tokens_per_s, tokens_per_step
+from control.policy import dense_from_schedule
+from tools.fit_calibration import MT_BENCH_ACCEPTANCE
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from pipelines.codegen import render, tally
-from pipelines.engine_stage import EngineReports
+from actors.batch_host import EngineReports
 from pipelines.sink import ShardCommitter
 from pipelines.storage import FsSpec, OutputStore
 

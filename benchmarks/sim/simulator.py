@@ -12,7 +12,7 @@ multiplicative noise. Every `control_interval_s` each replica's window (per-posi
 draft/accept counts, step times by (B, K), queue and KV use) goes to the policy as
 `ReplicaSignals`, exactly what the real engine wrapper would report.
 
-Knows nothing about any particular policy (see control.baselines) and nothing about
+Knows nothing about any particular policy (see benchmarks.sim.policies) and nothing about
 Ray or vLLM; the replica count is fixed for a run.
 """
 

@@ -1,5 +1,5 @@
-"""The engine step of every engine shard job, its actor pool, and the side channel that
-brings the engines' counters to the driver.
+"""The engine's Ray Data host: the engine step of every engine shard job, its actor pool,
+and the side channel that brings the engines' counters to the driver.
 
 `EngineStage` holds one `actors.engine.Engine` per Ray Data actor and runs every row of a
 batch concurrently, at most `pool.max_requests_in_flight` rows in the engine at once;
@@ -23,12 +23,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from actors.engine import Engine
+from actors.row_stage import RowStage
 from actors.spec_stats import SpecDecodeStats
 from configs.schema import AppConfig
 from control.plan import RunPlan
-from pipelines.shardjob import RowStage
 
-# Ray is imported where it is used: importing pipelines (as jobs.cli's --dry-run does) must
+# Ray is imported where it is used: importing the jobs (as jobs.cli's --dry-run does) must
 # not start Ray's import (seconds; tests/unit/test_configs.py checks it).
 if TYPE_CHECKING:
     import ray.data
@@ -53,7 +53,7 @@ def shards_to_keep_busy(num_engines: int) -> int:
 
 
 class EngineStage(RowStage):
-    """The row protocol (`pipelines.shardjob.RowStage`) on one engine of the job's own pool
+    """The row protocol (`actors.row_stage.RowStage`) on one engine of the job's own pool
     (a map_batches callable class, run on an actor pool)."""
 
     def __init__(self, cfg: dict[str, Any], board=None):

@@ -20,12 +20,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from benchmarks.sim.policies import CandidateSets, ControllerArm, FixedK, StaticTable
+from benchmarks.sim.simulator import Phase, PoolConfig, SimResult, SpecPolicy, Workload, simulate
 from control.acceptance import prior_estimate
-from control.baselines import CandidateSets, ControllerArm, FixedK, StaticTable
-from control.calibration import MT_BENCH_ACCEPTANCE, Calibration
+from control.calibration import Calibration
+from tools.fit_calibration import MT_BENCH_ACCEPTANCE
 from control.model import goodput_grid
 from control.policy import ControllerConfig
-from control.simulator import Phase, PoolConfig, SimResult, SpecPolicy, Workload, simulate
 
 FIXED_KS = (0, 3, 7, 11)
 SWEEP_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)

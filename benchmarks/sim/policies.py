@@ -26,21 +26,12 @@ from typing import Sequence
 import numpy as np
 
 from control.model import StepCostModel, goodput_grid
-from control.policy import ControllerConfig, Decision, ReplicaSignals, decide, initial_state, schedule_from_table
+from control.policy import (ControllerConfig, Decision, ReplicaSignals, decide, dense_from_schedule, initial_state,
+                            schedule_from_table)
 
 SGLANG_CANDIDATES: tuple[tuple[int, tuple[int, ...]], ...] = (
     (1, (1, 3, 5, 7)), (8, (0, 1, 3)), (32, (0, 1)), (64, (0,)),
 )
-
-
-def dense_from_schedule(schedule: Sequence[Sequence[int]], max_num_seqs: int, max_k: int) -> list[int]:
-    """vLLM's lookup: K for B = 1..max_num_seqs (index B-1), gaps and tail carry the
-    previous K forward, every K clamped to the engine's start-up K."""
-    ranges = sorted((int(a), int(b), int(k)) for a, b, k in schedule)
-    if not ranges or ranges[0][0] != 1:
-        raise ValueError(f"a schedule's first range must start at batch size 1, got {schedule!r}")
-    # The last range starting at or before B either holds B or ends before it (carry forward).
-    return [min(max_k, [k for lo, _, k in ranges if lo <= b][-1]) for b in range(1, max_num_seqs + 1)]
 
 
 class FixedK:
