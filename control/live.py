@@ -36,7 +36,7 @@ from configs.vllm_args import live_k_values
 from control.calibration import calibration_file, load_calibration
 from control.capacity import ReplicaCapacity, replica_capacity
 from control.model import max_batch_size, plain_step_time_s
-from control.policy import (ControllerConfig, Decision, ReplicaSignals, StepTimeSample, decide, dense_from_schedule,
+from control.policy import (BusySample, ControllerConfig, Decision, ReplicaSignals, StepTimeSample, decide, dense_from_schedule,
                             initial_state, schedule_from_table)
 from control.replacement import (ReplacementConfig, ReplacementState, decide_replacement, load_times_per_token_s,
                                  other_engine_faster_at_load, times_per_token_s)
@@ -220,7 +220,7 @@ class LiveSpecController:
         context_tokens_per_req = self.context_tokens_per_req = self._context_tokens_per_req(window)
         if not speculating:  # a plain engine: its steps say nothing of drafts or the drafter's cost
             self._observe_plain_steps(window)
-            window = {**window, "drafts_per_pos": [], "accepted_per_pos": [], "steps": []}
+            window = {**window, "drafts_per_pos": [], "accepted_per_pos": [], "steps": [], "busy": []}
         signals = self._signals(window)
         decided_before = self.state_.k_by_batch
         decision, self.state_ = decide([signals], self.state_, self.config)
@@ -425,6 +425,8 @@ class LiveSpecController:
             num_accepted_per_pos=tuple(window["accepted_per_pos"]),
             step_samples=samples,
             mean_context_tokens_per_req=sum(ctx) / len(ctx) if ctx else 0.0,
+            busy_samples=tuple(BusySample(c["batch_size"], c["num_speculative_tokens"], c["num_steps"], c["seconds"],
+                                          c["output_tokens"]) for c in window.get("busy", ())),
         )
 
     def _steps_by_k_so_far(self) -> dict[int, int]:
@@ -466,6 +468,14 @@ class LiveSpecController:
             "plain_step_factor": round(self.plain_factor, 3),
             # Measured over predicted time per output token, each engine as it last ran.
             "busy_factor": {"speculating": round(self.busy_factor(True), 3), "plain": round(self.busy_factor(False), 3)},
+            # Time per output token outside the decode steps, by batch-size bucket and K, where
+            # measured: what the choice of K charges on top of the decode steps.
+            "join_cost_ms_per_token": {
+                f"B{1 if j == 0 else (1 << (j - 1)) + 1}-{min(1 << j, self.config.max_num_seqs)}":
+                    {k: round(float(1e3 * extra / tokens), 3) for k, (_, extra, tokens) in enumerate(row)
+                     if tokens >= self.config.join_cost_min_tokens}
+                for j, row in enumerate(self.state_.join_cost_sums)
+                if any(tokens >= self.config.join_cost_min_tokens for _, _, tokens in row)},
             # What the restart rule last weighed: predicted tokens/s of each engine at the
             # batch sizes the load ran at lately, and the step-time corrections behind them.
             "restart_view": self.restart_view,

@@ -8,8 +8,10 @@ Each control interval it
    Pool-wide, and per batch-size bucket where that bucket has been measured
    (control.step_time);
 2. recomputes, for every batch size B = 1..max_num_seqs, the K in 0..K_max maximizing
-   goodput B·τ(K)/T(B, K), where B is capped by what the KV cache admits with the
-   lookahead slots reserved per request;
+   goodput 1 / (T(B, K)/(B·τ(K)) + J(B, K)), where J is the time per output token the
+   replicas measured outside their decode steps (requests joining, their prefill;
+   control.step_time.join_cost_grid) and B is capped by what the KV cache admits with
+   the lookahead slots reserved per request;
 3. applies hysteresis: a batch size's K changes only if the predicted gain exceeds
    `switch_min_gain`, and a change must be wanted `switch_dwell_intervals` intervals in
    a row before the latest proposal is put in force;
@@ -42,7 +44,8 @@ from control.acceptance import NEVER_OBSERVED, AcceptanceEstimate, prior_estimat
 from control.capacity import ReplicaCapacity, replica_capacity, target_replicas
 from control.model import StepCostModel, max_batch_size, step_time_grid_s, tokens_per_step
 from control.step_time import (
-    batch_size_bucket, corrected_step_time_s, num_batch_size_buckets, update_step_time_scale,
+    batch_size_bucket, corrected_step_time_s, join_cost_grid, num_batch_size_buckets, update_join_cost,
+    update_step_time_scale,
 )
 
 Schedule = tuple[tuple[int, int, int], ...]
@@ -61,6 +64,19 @@ class StepTimeSample:
 
 
 @dataclass(frozen=True)
+class BusySample:
+    """`num_steps` steps of one replica at one (batch size, K), every step it ran back to
+    back (prefills and the steps where requests join included): their seconds and the
+    output tokens they made."""
+
+    batch_size: int
+    num_speculative_tokens: int
+    num_steps: int
+    seconds: float
+    output_tokens: int
+
+
+@dataclass(frozen=True)
 class ReplicaSignals:
     """One replica over the last control interval (counts are deltas, not totals)."""
 
@@ -70,8 +86,9 @@ class ReplicaSignals:
     kv_cache_usage: float  # fraction 0..1
     num_drafts_per_pos: tuple[int, ...] = ()  # drafts that reached position i (K_step >= i)
     num_accepted_per_pos: tuple[int, ...] = ()
-    step_samples: tuple[StepTimeSample, ...] = ()
+    step_samples: tuple[StepTimeSample, ...] = ()  # decode steps only
     mean_context_tokens_per_req: float = 0.0
+    busy_samples: tuple[BusySample, ...] = ()  # every step as run
 
 
 @dataclass(frozen=True)
@@ -105,6 +122,9 @@ class ControllerConfig:
     # (below), not only once its measurement is stale: one interval measures a few dozen
     # steps at small batch sizes, too few to tell a 10% drafting cost from noise.
     base_step_min_steps: float = 100.0
+    # Output tokens a (batch-size bucket, K) must have made before its cost outside the
+    # decode steps counts (control.step_time.join_cost_grid).
+    join_cost_min_tokens: float = 500.0
     default_context_tokens_per_req: float = 512.0  # when replicas report none
     target_utilization: float = 0.85  # fraction of capacity the pool is sized to run at
     min_replicas: int = 1
@@ -141,6 +161,9 @@ class ControllerState:
     step_time_sums: tuple[float, ...] = ()
     # The same per batch-size bucket (B = 1, 2, 3-4, 5-8, ...).
     step_time_sums_by_bucket: tuple[tuple[float, ...], ...] = ()
+    # Per bucket and K: decayed (steps, seconds beyond the decode steps, output tokens) of
+    # the steps as run (control.step_time.update_join_cost); () until the first interval.
+    join_cost_sums: tuple[tuple[tuple[float, float, float], ...], ...] = ()
     pending_k_by_batch: tuple[int, ...] | None = None
     pending_intervals: int = 0
     intervals_since_probe: int = 0
@@ -170,7 +193,7 @@ class Decision:
 def initial_state(config: ControllerConfig, num_replicas: int = 1) -> ControllerState:
     """The table the prior predicts, with no hysteresis, and a prior-only estimate."""
     est = prior_estimate(config.acceptance_prior, config.max_num_speculative_tokens, config.prior_drafts)
-    goodput = _goodput(config, est, np.ones((config.max_num_seqs, 2)), config.default_context_tokens_per_req)[0]
+    goodput = _goodput(config, est, np.ones((config.max_num_seqs, 2)), config.default_context_tokens_per_req, 0.0)[0]
     table = tuple(int(k) for k in np.argmax(goodput, axis=1))
     return ControllerState(acceptance=est, k_by_batch=table, num_replicas=num_replicas)
 
@@ -194,7 +217,12 @@ def decide(
     ctx = (sum(s.mean_context_tokens_per_req * s.num_running_reqs for s in signals) / running
            if running and any(s.mean_context_tokens_per_req for s in signals)
            else config.default_context_tokens_per_req)
-    goodput, step_s, tau = _goodput(config, est, scale_by_b, ctx)
+    _, step_s, tau = _goodput(config, est, scale_by_b, ctx, 0.0)
+    b_col = np.arange(1, config.max_num_seqs + 1, dtype=float)[:, None]
+    join_sums = update_join_cost([m for s in signals for m in s.busy_samples], state.join_cost_sums,
+                                 step_s / (b_col * tau[None, :]), config.max_num_seqs, config.step_time_halflife_steps)
+    join_s = join_cost_grid(join_sums, config.max_num_seqs, kmax, config.join_cost_min_tokens)
+    goodput = _goodput(config, est, scale_by_b, ctx, join_s)[0]
 
     # Best K per batch size, then hysteresis: keep a K unless the best beats it clearly.
     rows = np.arange(config.max_num_seqs)
@@ -291,6 +319,7 @@ def decide(
         reason="; ".join(reasons))
     new_state = replace(
         state, acceptance=est, k_by_batch=table, step_time_scale=scale, step_time_sums=sums, step_time_sums_by_bucket=bucket_sums,
+        join_cost_sums=join_sums,
         pending_k_by_batch=pending, pending_intervals=n_pending, intervals_since_probe=since_probe,
         probe_cursor=cursor, base_step_age_by_bucket=base_ages, num_replicas=n_rep, intervals_below=below, interval=state.interval + 1)
     return decision, new_state
@@ -329,16 +358,17 @@ def _lookahead(config: ControllerConfig, k: int) -> int:
     return k if config.lookahead_follows_k else config.max_num_speculative_tokens
 
 
-def _goodput(config: ControllerConfig, est: AcceptanceEstimate, scale_by_b: np.ndarray, ctx: float):
-    """(goodput [B, K], corrected step time [B, K], τ [K]) for B = 1..max_num_seqs, with
-    `scale_by_b[B-1]` = (base, speculation) correction factors at that batch size.
+def _goodput(config: ControllerConfig, est: AcceptanceEstimate, scale_by_b: np.ndarray, ctx: float, join_s):
+    """(goodput [B, K], corrected decode step time [B, K], τ [K]) for B = 1..max_num_seqs,
+    with `scale_by_b[B-1]` = (base, speculation) correction factors at that batch size and
+    `join_s` the seconds per output token outside the decode steps ([B, K] or a scalar).
     A batch size the KV cache cannot admit at K runs only the admissible batch."""
     kmax = config.max_num_speculative_tokens
     b = np.arange(1, config.max_num_seqs + 1, dtype=float)
     raw = step_time_grid_s(config.cost, b, kmax, ctx)
     step_s = corrected_step_time_s(raw[:, :1], raw, scale_by_b[:, :1], scale_by_b[:, 1:2])
     tau = np.array([tokens_per_step(est.acceptance_per_pos, k) for k in range(kmax + 1)])
-    goodput = b[:, None] * tau[None, :] / step_s
+    goodput = 1.0 / (step_s / (b[:, None] * tau[None, :]) + join_s)
     if config.allowed_k is not None:  # a K the engine cannot run is never chosen
         goodput[:, [k for k in range(kmax + 1) if k not in config.allowed_k]] = -np.inf
     for k in range(kmax + 1):

@@ -19,6 +19,22 @@ run both K=0 and drafting steps, the choice between them there follows what was 
 there. Clamped to [0.2, 5]: a calibration off by more than 5x is wrong, not something to
 track.
 
+Beside the two factors, the time a load costs OUTSIDE the decode steps, per output token
+and per K (`update_join_cost`, `join_cost_grid`): every step run back to back (the ones
+where requests join, with their prefill, included) less what the corrected decode steps
+predict for the tokens it made. It is kept apart from the factors on purpose. Where that
+time is the same per output token at every K (a prefill costs what it costs), it leaves
+the choice of K alone, whereas folded into the factors it would be charged to drafting in
+proportion to the drafter's cost. Where it grows with K it moves the choice, and on short
+requests it does: at 16 requests on the CPU default, over a third of K=3's steps had a
+request joining, each at 2.3x a decode step's time, against 2-3% of a plain engine's
+steps; the K=3 engine spent 0.6 ms per output token outside its decode steps, the
+K=0 one 0.4 ms, and a choice of K from decode steps alone drafted too deep. Measured per
+batch-size bucket and K, interpolated in K between the Ks measured (a bucket runs the K
+of its table and gets K=0 and deeper probes), extrapolated beyond them along the line
+through the lowest and highest measured K (never below 0); 0 where a bucket has measured
+none.
+
 Pure numbers, like control.policy that uses it; knows nothing about how steps are timed.
 """
 
@@ -110,3 +126,54 @@ def update_step_time_scale(
     per_bucket = [factors(r, pool_scale, bucket_prior_steps) for r in buckets]
     scale_by_b = np.array([per_bucket[batch_size_bucket(b, num_buckets)] for b in range(1, max_num_seqs + 1)])
     return pool_scale, tuple(pool), tuple(tuple(r) for r in buckets), scale_by_b
+
+
+def update_join_cost(
+    samples: Sequence,  # control.policy.BusySample: this interval's steps as run
+    sums_by_bucket: Sequence[Sequence[Sequence[float]]],  # () before the first interval
+    decode_s_per_token: np.ndarray,  # [B-1, K]: the corrected decode steps' time per output token
+    max_num_seqs: int,
+    halflife_steps: float,
+) -> tuple[tuple[tuple[float, float, float], ...], ...]:
+    """Fold one interval's steps as run in: per bucket and K, decayed (steps, seconds beyond
+    the decode steps' prediction, output tokens), forgetting counted in that cell's own steps."""
+    num_buckets, num_k = num_batch_size_buckets(max_num_seqs), decode_s_per_token.shape[1]
+    sums = [[list(c) for c in row] for row in sums_by_bucket] or [[[0.0] * 3 for _ in range(num_k)]
+                                                                  for _ in range(num_buckets)]
+    new = [[[0.0] * 3 for _ in range(num_k)] for _ in range(num_buckets)]
+    for m in samples:
+        if not (1 <= m.batch_size <= max_num_seqs and 0 <= m.num_speculative_tokens < num_k and m.output_tokens > 0):
+            continue
+        cell = new[batch_size_bucket(m.batch_size, num_buckets)][m.num_speculative_tokens]
+        cell[0] += m.num_steps
+        cell[1] += m.seconds - m.output_tokens * decode_s_per_token[m.batch_size - 1, m.num_speculative_tokens]
+        cell[2] += m.output_tokens
+    out = []
+    for row, add_row in zip(sums, new):
+        folded = []
+        for old, add in zip(row, add_row):
+            keep = 0.5 ** (add[0] / halflife_steps)
+            folded.append(tuple(o * keep + a for o, a in zip(old, add)))
+        out.append(tuple(folded))
+    return tuple(out)
+
+
+def join_cost_grid(sums_by_bucket: Sequence[Sequence[Sequence[float]]], max_num_seqs: int, max_k: int,
+                   min_tokens: float) -> np.ndarray:
+    """Seconds per output token outside the decode steps, [B-1, K] for B = 1..max_num_seqs
+    and K = 0..max_k: each bucket's measured Ks (those with `min_tokens` output tokens or
+    more), interpolated between and extrapolated along the line through the lowest and
+    highest of them, never below 0; 0 in a bucket that has measured none."""
+    num_buckets = num_batch_size_buckets(max_num_seqs)
+    ks = np.arange(max_k + 1, dtype=float)
+    by_bucket = np.zeros((num_buckets, max_k + 1))
+    for j, row in enumerate(sums_by_bucket[:num_buckets]):
+        known = [(k, extra / tokens) for k, (_, extra, tokens) in enumerate(row[:max_k + 1]) if tokens >= min_tokens]
+        if not known:
+            continue
+        kx, ox = np.array([k for k, _ in known], dtype=float), np.array([o for _, o in known])
+        slope = (ox[-1] - ox[0]) / (kx[-1] - kx[0]) if len(known) > 1 else 0.0
+        line = ox[0] + slope * (ks - kx[0])
+        inside = (ks >= kx[0]) & (ks <= kx[-1])
+        by_bucket[j] = np.maximum(0.0, np.where(inside, np.interp(ks, kx, ox), line))
+    return np.array([by_bucket[batch_size_bucket(b, num_buckets)] for b in range(1, max_num_seqs + 1)])

@@ -15,7 +15,10 @@ from control.model import (
     StepCostModel, best_num_speculative_tokens, geometric_acceptance, goodput_tokens_per_s, max_batch_size,
     tokens_per_step,
 )
-from control.policy import ControllerConfig, ReplicaSignals, StepTimeSample, decide, dense_from_schedule, initial_state
+from control.policy import (
+    BusySample, ControllerConfig, ReplicaSignals, StepTimeSample, decide, dense_from_schedule, initial_state,
+)
+from control.step_time import join_cost_grid
 from tools.fit_calibration import b200_qwen3_coder_calibration, fit_step_cost
 
 pytestmark = pytest.mark.unit
@@ -370,6 +373,57 @@ def test_step_times_measured_at_one_batch_size_move_k_there_and_not_everywhere()
         _, state = decide([ReplicaSignals("r0", 8, 0, 0.2, step_samples=samples)], state, cfg)
     assert state.k_by_batch[0] == 7
     assert state.k_by_batch[15] == 0
+
+
+def test_time_outside_the_decode_steps_moves_k_only_where_it_grows_with_k():
+    # Decode steps exactly as calibrated at 8 running, where they say K=7. As run, steps
+    # where requests join add time per output token, measured at K=0 and K=7. The same at
+    # both (a prefill costs what it costs) leaves K alone; growing with K (on short
+    # requests, more steps have a request joining, each dearer with drafts to verify), it
+    # makes the table draft shallower, not stop.
+    acc = geometric_acceptance(0.8, 7)
+    cfg = config(max_num_seqs=16, max_num_speculative_tokens=7, acceptance_prior=acc, probe_budget=1e-9)
+    start = initial_state(cfg)
+    assert start.k_by_batch[7] == 7
+    t = lambda k: B200.cost.step_time_s(8, k, 8 * 512)  # noqa: E731
+
+    def k_at_8(join_s_at_k0: float, join_s_at_k7: float) -> int:
+        state = start
+        for _ in range(8):
+            tokens = {k: round(200 * 8 * tokens_per_step(acc, k)) for k in (0, 7)}
+            busy = tuple(BusySample(8, k, 200, 200 * t(k) + j * tokens[k], tokens[k])
+                         for k, j in ((0, join_s_at_k0), (7, join_s_at_k7)))
+            decode = (StepTimeSample(8, 0, 200, t(0), 0.0, 512.0), StepTimeSample(8, 7, 200, t(7), 0.0, 512.0))
+            signals = ReplicaSignals("r0", 8, 0, 0.1, (10_000,) * 7, tuple(int(10_000 * p) for p in acc), decode,
+                                     busy_samples=busy)
+            _, state = decide([signals], state, cfg)
+        return state.k_by_batch[7]
+
+    assert k_at_8(0.0, 0.0) == 7
+    assert k_at_8(1e-3, 1e-3) == 7  # 1 ms per token at every K: more than any decode step's, and K stays
+    assert 0 < k_at_8(0.2e-3, 0.6e-3) < 7
+
+
+def test_join_cost_grid_interpolates_between_measured_ks_and_extrapolates_along_their_line():
+    # Bucket 5-8 measured at K=0 (0.1 ms/token) and K=4 (0.5 ms/token); K=2 thin (too few
+    # tokens to count); bucket 1 measured only at K=3; the others not at all.
+    def cell(extra_s_per_token, tokens):
+        return (tokens / 8, extra_s_per_token * tokens, tokens)
+
+    empty = tuple((0.0, 0.0, 0.0) for _ in range(8))
+    b5_8 = list(empty)
+    b5_8[0], b5_8[2], b5_8[4] = cell(1e-4, 1000), cell(5e-3, 10), cell(5e-4, 1000)
+    b1 = list(empty)
+    b1[3] = cell(3e-4, 1000)
+    sums = (tuple(b1), empty, empty, tuple(b5_8), empty)
+    grid = join_cost_grid(sums, 16, 7, 500)
+    assert grid[8 - 1] == pytest.approx([1e-4 * (1 + k) for k in range(8)])  # the line through K=0 and K=4
+    assert grid[5 - 1] == pytest.approx(grid[8 - 1])  # one bucket
+    assert grid[0] == pytest.approx([3e-4] * 8)  # one K measured: the same at every K
+    assert not grid[[1, 2, 3, *range(8, 16)]].any()  # not measured: nothing charged
+    falling = list(empty)
+    falling[0], falling[2] = cell(4e-4, 1000), cell(2e-4, 1000)
+    assert join_cost_grid((empty, empty, empty, tuple(falling), empty), 16, 7, 500)[7, 4:] == pytest.approx(0.0)
 
 
 def test_each_batch_size_bucket_measures_its_step_without_drafts():

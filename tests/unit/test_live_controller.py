@@ -68,6 +68,9 @@ class CalibratedEngine:
         # What each engine's steps cost beyond the decode steps the calibration times
         # (prefills, requests joining and leaving), as a factor on its time per token.
         self.busy_overhead = {True: 1.0, False: 1.0}
+        # Seconds per output token the steps where requests join add, per drafted position
+        # (on short requests more of the steps have a request joining the deeper the K).
+        self.join_s_per_token_per_k = 0.0
 
     async def restart_engine(self, speculating: bool) -> float:
         self.speculating = speculating
@@ -91,9 +94,10 @@ class CalibratedEngine:
         step_s = (cost.step_time_s(b, k, CONTEXT_PER_REQ * b) if self.speculating
                   else plain_step_time_s(cost, b, CONTEXT_PER_REQ * b))
         tokens = round(n * tokens_per_step(self.acceptance, k))
+        joining_s = tokens * self.join_s_per_token_per_k * k
         return {
             "busy": [{"batch_size": b, "num_speculative_tokens": k, "num_steps": num_steps, "output_tokens": tokens,
-                      "seconds": num_steps * step_s * self.busy_overhead[self.speculating]}],
+                      "seconds": num_steps * step_s * self.busy_overhead[self.speculating] + joining_s}],
             "drafts_per_pos": [n] * k,
             "accepted_per_pos": [round(n * p) for p in self.acceptance[:k]],
             "steps": [{"batch_size": b, "num_speculative_tokens": k, "num_steps": num_steps,
@@ -162,6 +166,33 @@ def test_drafts_accepted_as_expected_keep_drafting_at_small_batches():
     assert ctl.state()["advice"] is None
     # Probes (one interval at K=0 to measure the base step) come back to the table.
     assert engine.schedule == ctl.state()["table"] or ctl.state()["probe"]
+
+
+def test_steps_where_requests_join_that_cost_more_the_deeper_the_k_make_the_table_shallower():
+    # Decode steps exactly as calibrated: at 8 running with these rates, they say K=4. As
+    # the engine runs a load of short requests, the steps where requests join add time per
+    # output token that grows with K (0.2 ms per drafted position here). Once a K=0 probe
+    # has measured that time without drafts, the controller drafts shallower there; without
+    # that time it keeps K=4. (K=0 probes at a tenth of goodput, so that they come within
+    # the run: at the shipped 0.5% they come as rarely as drafting here is predicted to pay.)
+    def k_at_8(join_s_per_token_per_k: float):
+        ctl, engine, clock = controlled([0.6, 0.4, 0.3, 0.2], ("engine.spec.controller.replacement.enabled=false",
+                                                              "engine.spec.controller.probe_budget=0.1"))
+        engine.join_s_per_token_per_k = join_s_per_token_per_k
+        run(ctl, engine, clock, [8] * 60)
+        return dense_from_schedule(ctl.state()["table"], 16, 4)[8 - 1], ctl.state()
+
+    k_decode_only, state = k_at_8(0.0)
+    assert k_decode_only == 4 and ctl_probed_k0(state)
+    k_as_run, state = k_at_8(0.2e-3)
+    assert 0 < k_as_run < k_decode_only and ctl_probed_k0(state)
+    # What it charged is on show, per batch-size bucket and K: more at K=4 than at K=0.
+    cost = state["join_cost_ms_per_token"]["B5-8"]
+    assert cost[4] == pytest.approx(0.8, abs=0.05) and cost[0] == pytest.approx(0.0, abs=0.05)
+
+
+def ctl_probed_k0(state) -> bool:
+    return any(p["kind"] == "probe" and all(k == 0 for _, _, k in p["to"]) for p in state["recent_probes"])
 
 
 def test_same_measurements_same_decisions():
