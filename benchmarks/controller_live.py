@@ -13,6 +13,9 @@ core), all started up front in one process:
   every batch size by its table. Not the same as K = 0: the drafter still runs its
   head over the step's tokens on K = 0 steps to keep its KV cache in sync, so this is the
   cheapest the controller can make a step without restarting the engine;
+* K3@K7 (any K below K_max): the controller's engine held at that K by its table: what
+  the controller's engine gives at a fixed arm's K (the fixed arms' engines are started
+  at their own K);
 * controller: started at K_max = 7, choosing per batch size from what it measures
   (P-EAGLE runs any K in 0..K_max per step through actors/any_k.py).
 
@@ -86,7 +89,7 @@ def arm_overrides(arm: str, level_s: float = 12.0, config: str = "tiny") -> list
     base = ["engine.max_num_seqs=16"]
     if arm == "K0":
         return [*base, "engine.spec={method: none}"]
-    if arm.startswith("K"):  # fixed K: the preset's controller off
+    if arm.startswith("K") and "@" not in arm:  # fixed K: the preset's controller off
         k = int(arm[1:])
         return [*base, f"engine.spec.num_speculative_tokens={k}", "engine.spec.controller=off",
                 f"engine.spec.synthetic_acceptance_rates={synthetic_rates(k)}"]
@@ -98,6 +101,8 @@ def arm_overrides(arm: str, level_s: float = 12.0, config: str = "tiny") -> list
            *(["engine.spec.controller.probe_budget=0.05"] if level_s < 60 else [])]
     if arm == f"off@K{K_MAX}":
         return [*fixed_table, "engine.spec.schedule=[[1, 16, 0]]"]
+    if arm.endswith(f"@K{K_MAX}"):  # K<k>@K7: the controller's engine held at K = k
+        return [*fixed_table, f"engine.spec.schedule=[[1, 16, {int(arm[1:-len(f'@K{K_MAX}')])}]]"]
     if arm == "static":
         from configs import load_config
         from control.plan import startup_engine
