@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.controller_live import phase_oracle, print_trace
+from benchmarks.controller_live import arm_overrides, phase_oracle, print_trace
+from configs import load_config
 
 pytestmark = pytest.mark.unit
 
@@ -47,3 +48,16 @@ def test_the_trace_summary_says_how_far_the_shipped_preset_is_from_the_ceiling(c
     assert out["ratio_to_shipped"] < out["oracle_to_shipped"]
     printed = capsys.readouterr().out
     assert "per-phase oracle" in printed and "c=8: K0" in printed
+
+
+def test_arms_of_the_controllers_own_engine_held_at_a_fixed_k():
+    # K3@K7 is the controller's engine (started at K_max=7) held at K=3 by a fixed table, so
+    # a run can tell what the engine costs from what the controller chooses; K3 is an
+    # engine started at K=3. Both with the controller off, whatever the preset says.
+    held = load_config("tiny", arm_overrides("K3@K7", 30)).engine.spec
+    own = load_config("tiny", arm_overrides("K3", 30)).engine.spec
+    off = load_config("tiny", arm_overrides("off@K7", 30)).engine.spec
+    assert (held.num_speculative_tokens, [list(r) for r in held.schedule]) == (7, [[1, 16, 3]])
+    assert (off.num_speculative_tokens, [list(r) for r in off.schedule]) == (7, [[1, 16, 0]])
+    assert own.num_speculative_tokens == 3
+    assert held.controller is None and own.controller is None and off.controller is None
