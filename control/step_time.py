@@ -30,9 +30,11 @@ requests it does: at 16 requests on the CPU default, over a third of K=3's steps
 request joining, each at 2.3x a decode step's time, against 2-3% of a plain engine's
 steps; the K=3 engine spent 0.6 ms per output token outside its decode steps, the
 K=0 one 0.4 ms, and a choice of K from decode steps alone drafted too deep. Measured per
-batch-size bucket and K, interpolated in K between the Ks measured (a bucket runs the K
-of its table and gets K=0 and deeper probes), extrapolated beyond them along the line
-through the lowest and highest measured K (never below 0); 0 where a bucket has measured
+batch-size bucket and K (a bucket runs the K of its table and gets K=0 and deeper probes)
+and charged along a line in K fitted to those, weighted by their output tokens, never
+below 0: a K measured once, briefly, around a table change (where requests that joined
+under the old K skew it) moves the line little, where joining the points one by one let
+such a cell, never run again, mark its K as dear for good; 0 where a bucket has measured
 none.
 
 Pure numbers, like control.policy that uses it; knows nothing about how steps are timed.
@@ -161,9 +163,9 @@ def update_join_cost(
 def join_cost_grid(sums_by_bucket: Sequence[Sequence[Sequence[float]]], max_num_seqs: int, max_k: int,
                    min_tokens: float) -> np.ndarray:
     """Seconds per output token outside the decode steps, [B-1, K] for B = 1..max_num_seqs
-    and K = 0..max_k: each bucket's measured Ks (those with `min_tokens` output tokens or
-    more), interpolated between and extrapolated along the line through the lowest and
-    highest of them, never below 0; 0 in a bucket that has measured none."""
+    and K = 0..max_k: in each bucket, the line in K through its measured Ks (those with
+    `min_tokens` output tokens or more), fitted by least squares weighted by their output
+    tokens, never below 0; flat where one K is measured, 0 where none is."""
     num_buckets = num_batch_size_buckets(max_num_seqs)
     ks = np.arange(max_k + 1, dtype=float)
     by_bucket = np.zeros((num_buckets, max_k + 1))
@@ -172,8 +174,11 @@ def join_cost_grid(sums_by_bucket: Sequence[Sequence[Sequence[float]]], max_num_
         if not known:
             continue
         kx, ox = np.array([k for k, _ in known], dtype=float), np.array([o for _, o in known])
-        slope = (ox[-1] - ox[0]) / (kx[-1] - kx[0]) if len(known) > 1 else 0.0
-        line = ox[0] + slope * (ks - kx[0])
-        inside = (ks >= kx[0]) & (ks <= kx[-1])
-        by_bucket[j] = np.maximum(0.0, np.where(inside, np.interp(ks, kx, ox), line))
+        if len(known) == 1:
+            by_bucket[j] = max(0.0, float(ox[0]))
+            continue
+        w = np.array([row[int(k)][2] for k in kx])  # output tokens: a thin cell moves the line little
+        k_mean, o_mean = np.average(kx, weights=w), np.average(ox, weights=w)
+        slope = np.sum(w * (kx - k_mean) * (ox - o_mean)) / np.sum(w * (kx - k_mean) ** 2)
+        by_bucket[j] = np.maximum(0.0, o_mean + slope * (ks - k_mean))
     return np.array([by_bucket[batch_size_bucket(b, num_buckets)] for b in range(1, max_num_seqs + 1)])

@@ -404,15 +404,16 @@ def test_time_outside_the_decode_steps_moves_k_only_where_it_grows_with_k():
     assert 0 < k_at_8(0.2e-3, 0.6e-3) < 7
 
 
-def test_join_cost_grid_interpolates_between_measured_ks_and_extrapolates_along_their_line():
-    # Bucket 5-8 measured at K=0 (0.1 ms/token) and K=4 (0.5 ms/token); K=2 thin (too few
-    # tokens to count); bucket 1 measured only at K=3; the others not at all.
+def test_join_cost_grid_is_a_line_in_k_weighted_by_tokens_that_a_thin_cell_barely_moves():
+    # Bucket 5-8: K=0 and K=4 measured at 0.1 and 0.5 ms/token (2,000 tokens each), K=2 too
+    # thin to count (10 tokens), and K=1 measured briefly (500 tokens) at 2 ms/token, as
+    # right after a table change. Bucket 1 measured only at K=3; the others not at all.
     def cell(extra_s_per_token, tokens):
         return (tokens / 8, extra_s_per_token * tokens, tokens)
 
     empty = tuple((0.0, 0.0, 0.0) for _ in range(8))
     b5_8 = list(empty)
-    b5_8[0], b5_8[2], b5_8[4] = cell(1e-4, 1000), cell(5e-3, 10), cell(5e-4, 1000)
+    b5_8[0], b5_8[4], b5_8[2] = cell(1e-4, 2000), cell(5e-4, 2000), cell(5e-3, 10)
     b1 = list(empty)
     b1[3] = cell(3e-4, 1000)
     sums = (tuple(b1), empty, empty, tuple(b5_8), empty)
@@ -421,6 +422,9 @@ def test_join_cost_grid_interpolates_between_measured_ks_and_extrapolates_along_
     assert grid[5 - 1] == pytest.approx(grid[8 - 1])  # one bucket
     assert grid[0] == pytest.approx([3e-4] * 8)  # one K measured: the same at every K
     assert not grid[[1, 2, 3, *range(8, 16)]].any()  # not measured: nothing charged
+    b5_8[1] = cell(2e-3, 500)  # the brief K=1 cell: 20x the line there, a ninth of the tokens
+    with_brief = join_cost_grid((tuple(b1), empty, empty, tuple(b5_8), empty), 16, 7, 500)[8 - 1]
+    assert with_brief[1] < 2.5 * grid[8 - 1][1] and with_brief[4] < 1.5 * grid[8 - 1][4]
     falling = list(empty)
     falling[0], falling[2] = cell(4e-4, 1000), cell(2e-4, 1000)
     assert join_cost_grid((empty, empty, empty, tuple(falling), empty), 16, 7, 500)[7, 4:] == pytest.approx(0.0)
