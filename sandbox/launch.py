@@ -109,7 +109,7 @@ def run_python(source: str, limits: SandboxLimits = SandboxLimits()) -> SandboxR
     with _node_slot(limits) as slot, tempfile.TemporaryFile() as out, \
             tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as status:
         root = os.geteuid() == 0
-        uid = limits.uid_base + slot if root else None
+        uid = node_uid_base(limits) + slot if root else None
         exe = os.path.realpath(sys.executable)
         spec = {"limits": asdict(limits), "uid": uid, "status_fd": status.fileno(), "python": exe,
                 "expose": [os.path.realpath(sys.base_prefix)], "hide": _hidden_paths()}
@@ -188,6 +188,19 @@ def _node_slot(limits: SandboxLimits) -> Iterator[int]:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no free sandbox slot of {limits.max_parallel_per_node} in {limits.slot_wait_s}s")
         time.sleep(0.02)
+
+
+def node_uid_base(limits: SandboxLimits) -> int:
+    """The first of this node's per-slot uids: `limits.uid_base`, or PEAGLE_SANDBOX_UID_BASE.
+    Slots and uids go together: a run with slots of its own (PEAGLE_SANDBOX_LOCK_DIR, e.g. a
+    test suite beside another on one machine) needs uids of its own too, or its sandboxes
+    share a process limit and a leak check with the other run's."""
+    raw = os.environ.get("PEAGLE_SANDBOX_UID_BASE")
+    if not raw:
+        return limits.uid_base
+    if not raw.isdigit() or int(raw) + limits.max_parallel_per_node >= 2**31:
+        raise ValueError(f"PEAGLE_SANDBOX_UID_BASE must be a uid below 2**31 - {limits.max_parallel_per_node}, got {raw!r}")
+    return int(raw)
 
 
 def _wait_uid_gone(uid: int, timeout_s: float) -> None:

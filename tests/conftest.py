@@ -3,7 +3,7 @@ and a state directory of this run's own.
 
 Everything the suite's processes would otherwise keep in shared places (Ray's session
 directory under /tmp/ray, vLLM's IPC sockets and rendezvous files and every other temp
-file under /tmp, pytest's tmp_path base, the sandbox's slot locks, vLLM's and torch's
+file under /tmp, pytest's tmp_path base, the sandbox's slot locks and uids, vLLM's and torch's
 caches and usage stats under ~, matplotlib's config) goes under one fresh temporary directory, set in the environment before Ray or
 vLLM is imported (child processes inherit it) and removed when the run ends. Two suites
 on one machine then never see each other's Ray sessions or caches. Ray's auth token is
@@ -41,6 +41,9 @@ for var, sub in {
 }.items():
     os.environ[var] = str(STATE_DIR / sub)
     (STATE_DIR / sub).mkdir(parents=True, exist_ok=True)
+# The sandbox's per-slot uids go with its slots: this run's own, so that a fork bomb or a
+# leak check here never meets another suite's sandboxes on the same machine.
+os.environ["PEAGLE_SANDBOX_UID_BASE"] = str(1_600_000_000 + 64 * secrets.randbelow(100_000))
 tempfile.tempdir = os.environ["TMPDIR"]  # this process too (pytest's tmp_path base included)
 os.environ["VLLM_NO_USAGE_STATS"] = "1"
 os.environ["VLLM_DO_NOT_TRACK"] = "1"

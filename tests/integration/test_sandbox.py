@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.launch import SandboxLimits, check_available, processes_of_uids, run_python
+from sandbox.launch import SandboxLimits, check_available, node_uid_base, processes_of_uids, run_python
 
 pytestmark = pytest.mark.integration
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SMALL = SandboxLimits(timeout_s=5, cpu_s=1, memory_bytes=256 << 20, file_size_bytes=1 << 20,
                       max_processes=8, max_parallel_per_node=2)
-SANDBOX_UIDS = range(SMALL.uid_base, SMALL.uid_base + 64)
+SANDBOX_UIDS = range(node_uid_base(SMALL), node_uid_base(SMALL) + 64)  # this run's (tests/conftest.py)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -79,7 +79,7 @@ print("env", sorted(os.environ))
     assert result.status == "ok", result
     out = result.stdout_tail
     if os.geteuid() == 0:
-        assert f"uid {SMALL.uid_base}" in out or f"uid {SMALL.uid_base + 1}" in out
+        assert f"uid {SANDBOX_UIDS[0]}" in out or f"uid {SANDBOX_UIDS[1]}" in out
     assert "cwd /tmp files ['main.py', 'scratch.txt']" in out
     assert "pids [1, 2]" in out  # the supervisor and the program: no host process
     assert "tmp-hidden [] []" in out
