@@ -193,7 +193,8 @@ class Decision:
 def initial_state(config: ControllerConfig, num_replicas: int = 1) -> ControllerState:
     """The table the prior predicts, with no hysteresis, and a prior-only estimate."""
     est = prior_estimate(config.acceptance_prior, config.max_num_speculative_tokens, config.prior_drafts)
-    goodput = _goodput(config, est, np.ones((config.max_num_seqs, 2)), config.default_context_tokens_per_req, 0.0)[0]
+    ctx = config.default_context_tokens_per_req
+    goodput = _goodput(config, *_step_times(config, est, np.ones((config.max_num_seqs, 2)), ctx), ctx, 0.0)
     table = tuple(int(k) for k in np.argmax(goodput, axis=1))
     return ControllerState(acceptance=est, k_by_batch=table, num_replicas=num_replicas)
 
@@ -217,12 +218,12 @@ def decide(
     ctx = (sum(s.mean_context_tokens_per_req * s.num_running_reqs for s in signals) / running
            if running and any(s.mean_context_tokens_per_req for s in signals)
            else config.default_context_tokens_per_req)
-    _, step_s, tau = _goodput(config, est, scale_by_b, ctx, 0.0)
+    step_s, tau = _step_times(config, est, scale_by_b, ctx)
     b_col = np.arange(1, config.max_num_seqs + 1, dtype=float)[:, None]
     join_sums = update_join_cost([m for s in signals for m in s.busy_samples], state.join_cost_sums,
                                  step_s / (b_col * tau[None, :]), config.max_num_seqs, config.step_time_halflife_steps)
     join_s = join_cost_grid(join_sums, config.max_num_seqs, kmax, config.join_cost_min_tokens)
-    goodput = _goodput(config, est, scale_by_b, ctx, join_s)[0]
+    goodput = _goodput(config, step_s, tau, ctx, join_s)
 
     # Best K per batch size, then hysteresis: keep a K unless the best beats it clearly.
     rows = np.arange(config.max_num_seqs)
@@ -358,16 +359,22 @@ def _lookahead(config: ControllerConfig, k: int) -> int:
     return k if config.lookahead_follows_k else config.max_num_speculative_tokens
 
 
-def _goodput(config: ControllerConfig, est: AcceptanceEstimate, scale_by_b: np.ndarray, ctx: float, join_s):
-    """(goodput [B, K], corrected decode step time [B, K], τ [K]) for B = 1..max_num_seqs,
-    with `scale_by_b[B-1]` = (base, speculation) correction factors at that batch size and
-    `join_s` the seconds per output token outside the decode steps ([B, K] or a scalar).
-    A batch size the KV cache cannot admit at K runs only the admissible batch."""
+def _step_times(config: ControllerConfig, est: AcceptanceEstimate, scale_by_b: np.ndarray, ctx: float):
+    """(corrected decode step time [B, K], τ [K]) for B = 1..max_num_seqs, with
+    `scale_by_b[B-1]` = (base, speculation) correction factors at that batch size."""
     kmax = config.max_num_speculative_tokens
-    b = np.arange(1, config.max_num_seqs + 1, dtype=float)
-    raw = step_time_grid_s(config.cost, b, kmax, ctx)
+    raw = step_time_grid_s(config.cost, np.arange(1, config.max_num_seqs + 1, dtype=float), kmax, ctx)
     step_s = corrected_step_time_s(raw[:, :1], raw, scale_by_b[:, :1], scale_by_b[:, 1:2])
     tau = np.array([tokens_per_step(est.acceptance_per_pos, k) for k in range(kmax + 1)])
+    return step_s, tau
+
+
+def _goodput(config: ControllerConfig, step_s: np.ndarray, tau: np.ndarray, ctx: float, join_s) -> np.ndarray:
+    """Goodput [B, K] for B = 1..max_num_seqs from `_step_times`, with `join_s` the seconds
+    per output token outside the decode steps ([B, K] or a scalar). A batch size the KV
+    cache cannot admit at K runs only the admissible batch."""
+    kmax = config.max_num_speculative_tokens
+    b = np.arange(1, config.max_num_seqs + 1, dtype=float)
     goodput = 1.0 / (step_s / (b[:, None] * tau[None, :]) + join_s)
     if config.allowed_k is not None:  # a K the engine cannot run is never chosen
         goodput[:, [k for k in range(kmax + 1) if k not in config.allowed_k]] = -np.inf
@@ -375,7 +382,7 @@ def _goodput(config: ControllerConfig, est: AcceptanceEstimate, scale_by_b: np.n
         cap = max_batch_size(config.kv_capacity_tokens, ctx, _lookahead(config, k), config.max_num_seqs)
         if cap < config.max_num_seqs:
             goodput[cap:, k] = goodput[cap - 1, k] if cap >= 1 else 0.0
-    return goodput, step_s, tau
+    return goodput
 
 
 def _describe_change(old, new, gain, n_pending, config: ControllerConfig, changed: bool) -> str:
