@@ -108,6 +108,7 @@ def test_switching_through_k0_is_lossless_and_skips_the_head(reference, peagle, 
     assert not [i for i in reference if out[i] != reference[i]]
     assert counters["enabled"], counters
     assert counters["skipped_steps"] > 0 and counters["catchup_passes"] > 0, counters
+    assert counters["plain_sampled_steps"] > 0, counters  # steps after a K=0 one verified nothing
     drafts = window["drafts_per_pos"]
     assert len(drafts) >= K_MAX and all(drafts[:K_MAX]), drafts  # every K > 0 ran too
 
@@ -121,6 +122,9 @@ def test_decode_only_k0_steps_run_the_head_zero_times(peagle, loop):
     assert counters["catchup_passes"] == 0, counters
     assert counters["head_forwards"] == counters["k0_head_runs"], counters  # only non-skipped steps
     assert counters["head_forwards"] <= 6, counters  # the prefill steps, at most one per request
+    # and nothing to verify on those steps: each sampled as a plain engine's, not through
+    # the rejection sampler
+    assert counters["plain_sampled_steps"] >= counters["skipped_steps"], counters
 
 
 def test_catch_up_makes_acceptance_after_a_gap_equal_acceptance_without_one(reference, sequences, peagle, loop):

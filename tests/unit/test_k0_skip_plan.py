@@ -1,11 +1,14 @@
-"""How a P-EAGLE K=0 skip's stashed gaps are cut into catch-up passes, and the test-only
-per-step K cycle (actors.k0_skip): plain numbers, no engine. The engine-level proof
+"""How a P-EAGLE K=0 skip's stashed gaps are cut into catch-up passes, which steps are
+sampled as a plain engine's, and the test-only per-step K cycle (actors.k0_skip): plain
+numbers, no engine. The engine-level proof
 (lossless, no head forward on skipped steps, acceptance after a gap = without one) is
 in tests/integration/test_k0_skip.py."""
 
 import pytest
 
-from actors.k0_skip import _Cycle, plan_passes
+from types import SimpleNamespace
+
+from actors.k0_skip import _Cycle, plain_sample_applies, plan_passes
 
 pytestmark = pytest.mark.unit
 
@@ -38,3 +41,30 @@ def test_a_forced_k_cycle_answers_every_batch_size_in_turn_and_keeps_the_table_f
     lookup = _Cycle([4, 0, 0], base=[4] * 33)
     assert [lookup[b] for b in (1, 7, 32, 5)] == [4, 0, 0, 4]
     assert lookup[1:3] == [4, 4]
+
+
+class _Holder:
+    def __init__(self, tracked: bool):
+        self.tracked = tracked
+
+    def has_tracked_requests(self) -> bool:
+        return self.tracked
+
+
+def _sampling(logprobs=None, holder=None):
+    return SimpleNamespace(max_num_logprobs=logprobs, thinking_budget_state_holder=holder)
+
+
+def test_only_a_step_with_no_draft_to_verify_skips_the_rejection_sampler():
+    no_drafts, drafts = SimpleNamespace(max_spec_len=0), SimpleNamespace(max_spec_len=3)
+    assert plain_sample_applies(no_drafts, _sampling())
+    assert plain_sample_applies(no_drafts, _sampling(holder=_Holder(False)))
+    assert not plain_sample_applies(drafts, _sampling())
+    assert not plain_sample_applies(None, _sampling())  # a plain engine: vLLM's path already
+
+
+def test_steps_wanting_logprobs_or_a_thinking_budget_keep_vllms_path():
+    no_drafts = SimpleNamespace(max_spec_len=0)
+    assert not plain_sample_applies(no_drafts, _sampling(logprobs=0))
+    assert not plain_sample_applies(no_drafts, _sampling(logprobs=5))
+    assert not plain_sample_applies(no_drafts, _sampling(holder=_Holder(True)))
