@@ -170,12 +170,8 @@ def capacity_estimate(cfg: AppConfig, num_rows: int) -> dict[str, Any] | None:
         return None
     cal = load_calibration(calibration_file(name, "pool.calibration"))
     per_row = cfg.pool.output_tokens_per_row or cfg.sampling.max_tokens
-    k_choices, start_k, plain = _k_choices(cfg.engine)
-    engine = full_engine_throughput(
-        cal.cost, _expected_acceptance(cfg.engine.spec, cal.acceptance_per_pos), k_choices, start_k=start_k,
-        max_num_seqs=cfg.engine.max_num_seqs, kv_capacity_tokens=cal.kv_capacity_tokens,
-        # a running request's context, averaged over its decode: half its output (prompts unknown here)
-        num_context_tokens_per_req=per_row / 2, plain_engine=plain)
+    # a running request's context, averaged over its decode: half its output (prompts unknown here)
+    engine = _full_engine(cfg, cal, num_context_tokens_per_req=per_row / 2)
     deadline_h = cfg.pool.deadline_hours
     size = batch_pool_size(num_rows * per_row, engine.tokens_per_s, min_actors=cfg.pool.min_actors,
                            max_actors=cfg.pool.max_actors,
@@ -201,6 +197,29 @@ def capacity_estimate(cfg: AppConfig, num_rows: int) -> dict[str, Any] | None:
         "hours_at_min_actors": round(size.hours_at_min, 4),
         "reason": size.reason,
     }
+
+
+def _full_engine(cfg: AppConfig, cal, num_context_tokens_per_req: float):
+    k_choices, start_k, plain = _k_choices(cfg.engine)
+    return full_engine_throughput(
+        cal.cost, _expected_acceptance(cfg.engine.spec, cal.acceptance_per_pos), k_choices, start_k=start_k,
+        max_num_seqs=cfg.engine.max_num_seqs, kv_capacity_tokens=cal.kv_capacity_tokens,
+        num_context_tokens_per_req=num_context_tokens_per_req, plain_engine=plain)
+
+
+def run_engine_tokens_per_s(cfg: AppConfig, prompt_tokens_per_row: float, output_tokens_per_row: float) -> float | None:
+    """One engine kept full, on paper, for a finished run's own rows: each running
+    request's context is its prompt plus half its output. The estimate before a run knows
+    neither (half of `max_tokens`); at batch 32 on the tiny preset the prompts' KV alone
+    moves a decode step by a third. None where the config names no calibration."""
+    if prompt_tokens_per_row < 0 or output_tokens_per_row < 0:
+        raise ValueError(f"tokens per row must be >= 0, got prompt {prompt_tokens_per_row!r}, "
+                         f"output {output_tokens_per_row!r}")
+    name = cfg.capacity_calibration()
+    if name is None:
+        return None
+    cal = load_calibration(calibration_file(name, "pool.calibration"))
+    return _full_engine(cfg, cal, prompt_tokens_per_row + output_tokens_per_row / 2).tokens_per_s
 
 
 def _expected_acceptance(spec: SpecConfig, calibrated: list[float] | None) -> list[float]:

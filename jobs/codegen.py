@@ -21,7 +21,7 @@ from typing import Any
 from actors.batch_host import EngineStage, shards_to_keep_busy
 from configs import AppConfig
 from control.capacity import steady_state_vs_paper
-from control.plan import ResourcePlan, RunPlan, resolve
+from control.plan import ResourcePlan, RunPlan, resolve, run_engine_tokens_per_s
 from jobs.cli import OUTPUTS, job_main
 from jobs.job_report import TIMELINE_FILE, write_report
 from pipelines.codegen import codegen_spec
@@ -43,7 +43,8 @@ def run_codegen(cfg: AppConfig, stage_cls: type | None = None, shards: Listing |
                         status=lambda engines: _status_line(engines, started), shards=shards)
     summary = build_summary(cfg, run)
     if run.plan.resources.capacity is not None:
-        summary["capacity"] = capacity_summary(run.plan.resources, summary, len(run.todo), run.engines.per_engine)
+        summary["capacity"] = capacity_summary(cfg, run.plan.resources, summary, len(run.todo),
+                                               run.engines.per_engine)
     written = write_report(run.store, summary, run.committer.markers, run.started_at,
                            spec_control=run.engines.spec_control())
     if TIMELINE_FILE in written:
@@ -78,21 +79,25 @@ def job_plan(cfg: AppConfig, fs_spec: FsSpec, todo: list[Shard]) -> RunPlan:
     return run_plan
 
 
-def capacity_summary(plan: ResourcePlan, summary: dict[str, Any], num_shards_run: int,
+def capacity_summary(cfg: AppConfig, plan: ResourcePlan, summary: dict[str, Any], num_shards_run: int,
                      per_engine: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The estimate on paper next to what this run measured: end to end (its hours, and
     output tokens/s per engine over the estimate's, engine start-up included), and in
     steady state (`control.capacity.steady_state_vs_paper`: the engines' time generating
-    against the paper for the same work, the prefill of this run's prompts added), with
-    the engines' start-up apart."""
+    against the paper for the same work: the decode at the rate for this run's prompt and
+    output lengths (`run_engine_tokens_per_s`), plus the prefill of its prompts), with the
+    engines' start-up apart."""
     run = summary["this_run"]
+    rows = run.get("rows") or 0
+    paper_engine = (run_engine_tokens_per_s(cfg, run["prompt_tokens"] / rows, run["output_tokens"] / rows)
+                    if rows else None) or plan.capacity["engine_tokens_per_s"]
     engines = max(1, min(summary["engines"]["num_engines"], plan.max_actors))
     per_engine_rate = run["output_tokens"] / run["elapsed_s"] / engines if run["elapsed_s"] > 0 else None
     generation_s = sum(max(0.0, (d.get("last_token_time_s") or 0.0) - (d.get("first_token_time_s") or 0.0))
                        for d in per_engine.values())
     startups = [d["startup_s"] for d in per_engine.values() if d.get("startup_s") is not None]
     steady = steady_state_vs_paper(run["output_tokens"], run["prompt_tokens"], generation_s,
-                                   plan.capacity["engine_tokens_per_s"], plan.capacity["prefill_s_per_token"])
+                                   paper_engine, plan.capacity["prefill_s_per_token"])
     return {**plan.capacity, "engines_started_plain": plan.engines_start_plain, "shards_run": num_shards_run,
             "shards_to_keep_engines_busy": shards_to_keep_busy(plan.max_actors),
             "measured_hours": round(run["elapsed_s"] / 3600, 4),
@@ -101,6 +106,7 @@ def capacity_summary(plan: ResourcePlan, summary: dict[str, Any], num_shards_run
             "measured_vs_paper": _sig4(per_engine_rate / plan.capacity["engine_tokens_per_s"] if per_engine_rate else None),
             "measured_engine_startup_s": _sig4(max(startups)) if startups else None,
             "measured_generation_s": _sig4(generation_s),
+            "engine_tokens_per_s_this_run": _sig4(paper_engine),
             **{k: _sig4(v) for k, v in steady.items()}}
 
 
@@ -147,6 +153,7 @@ def build_summary(cfg: AppConfig, run) -> dict[str, Any]:
         "output_tokens": tokens["output_tokens"],
         "this_run": {
             "elapsed_s": round(run.elapsed_s, 2),
+            "rows": sum(m["rows"] for m in run.committer.markers.values()),
             "prompt_tokens": sum(m["prompt_tokens"] for m in run.committer.markers.values()),
             "output_tokens": run_output_tokens,
             "output_tokens_per_s": round(run_output_tokens / run.elapsed_s, 1) if run.elapsed_s > 0 else None,

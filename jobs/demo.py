@@ -219,7 +219,7 @@ def capacity_line(capacity: dict | None) -> str | None:
     if not capacity or capacity.get("steady_vs_paper") is None:
         return None
     return (f"capacity: steady state {capacity['measured_steady_engine_tokens_per_s']:.0f} tok/s per engine vs "
-            f"{capacity['paper_tokens_per_s_with_prefill']:.0f} on paper with this run's prefill "
+            f"{capacity['paper_tokens_per_s_with_prefill']:.0f} on paper for this run's prompts "
             f"({capacity['steady_vs_paper']:.2f}x); engine start-up {capacity.get('measured_engine_startup_s')} s; "
             f"end to end {capacity['measured_vs_paper']:.2f}x the paper's {capacity['engine_tokens_per_s']:.0f} tok/s")
 

@@ -14,7 +14,7 @@ import pytest
 from configs import ConfigError, load_config
 from actors.engine import Engine
 from control.live import startup_schedule
-from control.plan import resolve, resource_plan
+from control.plan import resolve, resource_plan, run_engine_tokens_per_s
 from jobs.cli import dry_run_report
 from control.capacity import batch_pool_size, full_engine_throughput, steady_state_vs_paper
 from control.model import StepCostModel
@@ -86,6 +86,19 @@ def test_a_run_is_compared_with_the_paper_in_steady_state_with_its_prefill_added
     assert none["measured_steady_engine_tokens_per_s"] is None and none["steady_vs_paper"] is None
     with pytest.raises(ValueError, match="-1"):
         steady_state_vs_paper(1, 1, 1.0, 100.0, -1)
+
+
+def test_the_paper_for_a_finished_run_holds_its_prompts_kv_in_every_step():
+    cfg = load_config("tiny", ["sampling.max_tokens=128"])
+    before = resource_plan(cfg, 164).capacity["engine_tokens_per_s"]  # context: half of max_tokens
+    # no prompt and the output the estimate assumed: the estimate's own rate
+    assert run_engine_tokens_per_s(cfg, 0, 128) == pytest.approx(before, abs=0.05)  # the estimate is rounded
+    short, long = run_engine_tokens_per_s(cfg, 40, 128), run_engine_tokens_per_s(cfg, 400, 128)
+    assert before > short > long  # every decode step reads the prompts' KV
+    with pytest.raises(ValueError, match="-1"):
+        run_engine_tokens_per_s(cfg, -1, 128)
+    assert run_engine_tokens_per_s(load_config("tiny", ["engine.spec.controller=off", "pool.calibration=null"]),
+                                   40, 128) is None
 
 
 def test_the_plan_for_a_gpu_preset_comes_from_its_calibration_and_sizes_nodes():
