@@ -363,9 +363,10 @@ class Engine(EngineLifecycle):
             return await self._llm.engine_core.call_utility_async(STEP_SPLIT_METHOD, action)
 
     async def k0_skip(self, settings: dict[str, Any] | None = None) -> dict[str, Any]:
-        """P-EAGLE K=0 skip counters (head forwards, skipped steps, catch-up passes), after
-        applying test/benchmark `settings` (`actors.k0_skip`: catch_up, skip, stash_tokens,
-        reset, force_k_cycle)."""
+        """P-EAGLE K=0 skip counters (head forwards, skipped steps, catch-up passes, prompt
+        tokens stashed, blocks evicted), after applying test/benchmark `settings`
+        (`actors.k0_skip._utility`: catch_up, skip, skip_prompts, evict_holes, stash_tokens,
+        reset, force_k_cycle, reset_prefix_cache, ...)."""
         async with self.admitted():
             return await self._llm.engine_core.call_utility_async(K0_SKIP_METHOD, settings)
 

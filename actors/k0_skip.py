@@ -2,14 +2,24 @@
 
 Without this, a K = 0 step still runs the head over the step's tokens (one slot per
 request, `actors.any_k`) only to keep the drafter's KV cache in step with the target's.
-Here a decode-only K = 0 step runs no head at all: it stashes, per request, what the
-head would have read at each skipped position (the target's concatenated aux hidden
-states and its input token). The next step that runs the head (K > 0, a prefill, or a
-K = 0 step whose gap would overflow the stash) first runs catch-up passes: the head over
-each request's stashed gap, batched like a prefill through the unchanged first pass at
-K = 0 (one slot per request, no lm_head), on a synthetic batch of just those requests.
-The head is causal, so this writes the draft KV that continuous drafting would have
-written, and acceptance after a gap equals acceptance without one.
+Here a K = 0 step runs no head at all, prompts (and prompt chunks) joining on it
+included: it stashes, per request, what the head would have read at each skipped
+position (the target's concatenated aux hidden states and its input token). The next
+step that runs the head (K > 0, or a K = 0 step whose gap would overflow the stash)
+first runs catch-up passes: the head over each request's stashed gap, batched like a
+prefill through the unchanged first pass at K = 0 (one slot per request, no lm_head),
+on a synthetic batch of just those requests. The head is causal, so this writes the
+draft KV that continuous drafting would have written, and acceptance after a gap equals
+acceptance without one.
+
+A request that finishes, or is preempted, with a gap open leaves blocks whose target KV
+is in the prefix cache but whose head KV was never written. A later hit on them (the
+preempted row going on, the next turn of a chat, a sibling of n > 1) would draft over
+the hole: never a different output (rejection sampling), but fewer drafts accepted for
+as long as the blocks are cached. So those blocks are dropped from the prefix cache
+before the next step is scheduled (`evict_holes`, from the core's step wrapper): a later
+request recomputes them, head included. Skipping prompts needs that wrapper to reach the
+runner, so it is on only where the runner is in the core's process (world size 1).
 
 A step on which no request drafted (every K = 0 step's successor, a prefill) also skips
 vLLM's rejection sampler: vLLM 0.32 sends every step of a speculating engine through it,
@@ -26,7 +36,8 @@ the head as before. The output never depends on this module (rejection sampling)
 only acceptance does. Knows nothing about who picks K.
 
 `peagle_k0_skip` (engine-core utility) reads the counters and sets test-only knobs:
-catch-up off (the negative control), a stash width, a forced per-step K cycle.
+catch-up off and hole eviction off (the negative controls), prompt skipping off, a stash
+width, a forced per-step K cycle, a prefix-cache reset.
 """
 
 from __future__ import annotations
@@ -41,7 +52,7 @@ METHOD = "peagle_k0_skip"
 ATTR = "_peagle_k0"
 STASH_BUDGET_BYTES = 64 << 20  # per engine; the stash width W follows from it (design (c))
 COUNTERS = ("head_forwards", "skipped_steps", "catchup_passes", "catchup_tokens", "k0_head_runs",
-            "flushes", "dropped_gaps", "plain_sampled_steps")
+            "flushes", "dropped_gaps", "plain_sampled_steps", "stashed_prompt_tokens", "evicted_blocks")
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +108,9 @@ class State:
     def __init__(self, proposer: Any):
         self.enabled = True
         self.catch_up = True
+        self.skip_prompts = True  # a K = 0 step with a prompt (chunk) in it skips too
+        self.evict_holes = True  # a gap its request leaves un-caught-up is dropped from the prefix cache
+        self.prompts_ok = False  # set by the runner wrapper: prompts skip only with the runner in the core's process
         self.fail_next = False  # test-only fault injection: the next skip decision raises
         self.width: int | None = None  # stash tokens per request; None: from STASH_BUDGET_BYTES
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -105,6 +119,9 @@ class State:
         self.slot: dict[str, int] = {}
         self.gap_start: dict[str, int] = {}
         self.written_end: dict[str, int] = {}
+        self.blocks: dict[str, list[int]] = {}  # KV block ids under each open gap, from its first block on
+        self.holes: set[int] = set()  # blocks a preempted request left without head KV: evicted by the core
+        self.block_size = proposer.vllm_config.cache_config.block_size
         self.max_reqs = proposer.vllm_config.scheduler_config.max_num_seqs
         self.max_model_len = proposer.max_model_len
         proposer.model.register_forward_pre_hook(self._count_forward)
@@ -117,6 +134,15 @@ class State:
             self.slot.pop(rid, None)
             self.gap_start.pop(rid, None)
             self.written_end.pop(rid, None)
+            self.blocks.pop(rid, None)
+
+    def leave_holes(self, req_ids) -> None:
+        """These requests' blocks go back to the prefix cache with their open gaps un-caught-up:
+        mark the gaps' blocks for eviction (a later hit would draft over a hole) and forget them."""
+        for rid in req_ids:
+            if rid in self.gap_start and self.evict_holes:
+                self.holes.update(self.blocks.get(rid, ()))
+        self.forget(req_ids)
 
     def disable(self, why: str) -> None:
         if self.enabled:
@@ -143,6 +169,15 @@ class State:
         free = next(s for s in range(self.max_reqs) if s not in used)
         self.slot[rid] = free
         return free
+
+    def _note_blocks(self, rid: str, end: int, table, row: int) -> None:
+        """Record the block ids under rid's gap up to position `end` (exclusive), reading
+        the step's block table only when the gap reaches a new block."""
+        first = self.gap_start[rid] // self.block_size
+        have = self.blocks.setdefault(rid, [])
+        need = (end - 1) // self.block_size + 1 - first
+        if len(have) < need:
+            have.extend(table[row, first + len(have):first + need].tolist())
 
 
 def state_for(proposer: Any) -> State:
@@ -200,14 +235,20 @@ def _skip_or_catch_up(proposer, st: State, k: int, args: dict[str, Any], run_pas
         if rid in st.gap_start and not st.gap_start[rid] <= p <= st.written_end[rid]:
             st.forget([rid])
             st.counters["dropped_gaps"] += 1
-    decode = is_decode_step(so.num_scheduled_tokens, so.scheduled_spec_decode_tokens)
+    skippable = st.skip_prompts and st.prompts_ok or is_decode_step(so.num_scheduled_tokens,
+                                                                      so.scheduled_spec_decode_tokens)
     # M-RoPE positions are 3-D; the catch-up batch builds 1-D ones, so those models never skip.
-    if k == 0 and decode and args.get("mm_embed_inputs") is None and not getattr(proposer, "uses_mrope", False):
+    if k == 0 and skippable and args.get("mm_embed_inputs") is None and not getattr(proposer, "uses_mrope", False):
         st._alloc(hidden, tokens)
         width = st.hidden.shape[1]
-        fits = all(p + n - st.gap_start.get(rid, p) <= width for rid, p, n in zip(req_ids, starts, lens))
+        joining = sum(rid not in st.gap_start for rid in req_ids)
+        fits = len(st.slot) + joining <= st.max_reqs and all(
+            p + n - st.gap_start.get(rid, p) <= width for rid, p, n in zip(req_ids, starts, lens))
         if fits:
-            _stash(st, req_ids, starts, lens, tokens, hidden)
+            _stash(st, req_ids, starts, lens, tokens, hidden, cad.block_table_tensor)
+            prompt_lens = st.step[1].num_prompt_tokens
+            st.counters["stashed_prompt_tokens"] += sum(
+                max(0, min(p + n, int(prompt_lens[i])) - p) for i, (p, n) in enumerate(zip(starts, lens)))
             st.counters["skipped_steps"] += 1
             proposer._last_draft_probs = None
             return torch.empty(len(req_ids), 0, dtype=torch.int64, device=tokens.device)
@@ -220,11 +261,11 @@ def _skip_or_catch_up(proposer, st: State, k: int, args: dict[str, Any], run_pas
     return None
 
 
-def _stash(st: State, req_ids, starts, lens, tokens, hidden) -> None:
+def _stash(st: State, req_ids, starts, lens, tokens, hidden, block_table) -> None:
     import torch
 
     slots, offsets = [], []
-    for rid, p, n in zip(req_ids, starts, lens):
+    for row, (rid, p, n) in enumerate(zip(req_ids, starts, lens)):
         if rid not in st.gap_start:
             st.gap_start[rid] = p
             slot = st._new_slot(rid)
@@ -234,6 +275,7 @@ def _stash(st: State, req_ids, starts, lens, tokens, hidden) -> None:
         slots.extend([slot] * n)
         offsets.extend(range(base, base + n))
         st.written_end[rid] = p + n
+        st._note_blocks(rid, p + n, block_table, row)
     total = len(offsets)
     index = (torch.tensor(slots, device=hidden.device), torch.tensor(offsets, device=hidden.device))
     st.hidden.index_put_(index, hidden[:total])
@@ -302,10 +344,15 @@ def _wrap_runner(fn):
         if drafter is None or not applies(drafter) or skip_possible(self) is not None:
             return fn(self, scheduler_output, *args, **kwargs)
         st = state_for(drafter)
-        st.forget(set(scheduler_output.finished_req_ids) | set(scheduler_output.preempted_req_ids or ()))
-        # and any request the batch no longer holds (its finish may have come on a step
-        # that ran no drafter), so stash slots cannot leak
-        st.forget([rid for rid in st.slot if rid not in self.input_batch.req_id_to_index])
+        st.prompts_ok = self.parallel_config.world_size == 1
+        # Finished requests' gaps were dropped from the prefix cache by the core before this
+        # step was scheduled (`_wrap_step`); a preempted request's blocks went back to the cache
+        # while this step was scheduled, and are dropped before the next one.
+        st.forget(scheduler_output.finished_req_ids)
+        st.leave_holes(scheduler_output.preempted_req_ids or ())
+        # and any request the runner no longer holds, so stash slots cannot leak (a request
+        # left out of one step, still running, keeps its gap)
+        st.leave_holes([rid for rid in st.slot if rid not in self.requests])
         st.step = (scheduler_output, self.input_batch)
         try:
             return fn(self, scheduler_output, *args, **kwargs)
@@ -313,6 +360,46 @@ def _wrap_runner(fn):
             st.step = None
     propose_draft_token_ids._peagle_k0 = True
     return propose_draft_token_ids
+
+
+def _core_state(core: Any) -> State | None:
+    """The K=0 skip state of the core's drafter, where the runner is in the core's process."""
+    st = getattr(core, "_peagle_k0_state", False)
+    if st is False:
+        try:
+            drafter = getattr(step_split._runner(core), "drafter", None)
+        except (ValueError, AttributeError):  # workers in other processes, or overlapping steps
+            drafter = None
+        st = state_for(drafter) if drafter is not None and applies(drafter) else None
+        core._peagle_k0_state = st
+    return st
+
+
+def evict_holes(scheduler: Any, st: State) -> None:
+    """Before a step is scheduled: drop from the prefix cache the blocks of every gap its
+    request left without head KV (finished since the last step, or preempted on it), so no
+    later request hits them and drafts over the hole; it recomputes them instead."""
+    if st.evict_holes:
+        for rid in scheduler.finished_req_ids & st.gap_start.keys():
+            st.holes.update(st.blocks.get(rid, ()))
+    if st.holes:
+        holes, st.holes = st.holes, set()
+        scheduler.kv_cache_manager.evict_blocks(holes)
+        st.counters["evicted_blocks"] += len(holes)
+
+
+def _wrap_step(fn):
+    def step(self, *args, **kwargs):
+        st = _core_state(self)
+        if st is not None and st.enabled and (st.gap_start or st.holes):
+            try:
+                evict_holes(self.scheduler, st)
+            except Exception as exc:  # never take the engine down: stop skipping instead
+                log.exception("P-EAGLE K=0 skip: evicting gaps from the prefix cache failed")
+                st.disable(f"{type(exc).__name__}: {exc}")
+        return fn(self, *args, **kwargs)
+    setattr(step, ATTR, True)
+    return step
 
 
 def plain_sample_applies(spec_decode_metadata: Any, sampling_metadata: Any) -> bool:
@@ -343,17 +430,18 @@ def _wrap_sample(fn):
 
 def _utility(core: Any, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """Engine-core utility: apply `settings` (any of catch_up: bool, skip: bool,
-    stash_tokens: int, reset: bool, force_k_cycle: list[int] | None, record_drafts: bool,
-    inject_fault: bool),
-    return the counters (and the drafts recorded, on record_drafts=False)."""
+    skip_prompts: bool, evict_holes: bool, stash_tokens: int, reset: bool,
+    force_k_cycle: list[int] | None, record_drafts: bool, inject_fault: bool,
+    reset_prefix_cache: bool), return the counters (and the drafts recorded, on
+    record_drafts=False)."""
     runner = step_split._runner(core)
     drafter = getattr(runner, "drafter", None)
     if drafter is None or not applies(drafter):
         raise ValueError("the K=0 skip needs a P-EAGLE drafter (parallel drafting, EAGLE-3 head)")
     st = state_for(drafter)
     settings = dict(settings or {})
-    unknown = set(settings) - {"catch_up", "skip", "stash_tokens", "reset", "force_k_cycle", "record_drafts",
-                              "inject_fault"}
+    unknown = set(settings) - {"catch_up", "skip", "skip_prompts", "evict_holes", "stash_tokens", "reset",
+                              "force_k_cycle", "record_drafts", "inject_fault", "reset_prefix_cache"}
     if unknown:
         raise ValueError(f"unknown K=0 skip settings {sorted(unknown)!r}")
     if "catch_up" in settings:
@@ -362,6 +450,12 @@ def _utility(core: Any, settings: dict[str, Any] | None = None) -> dict[str, Any
         st.enabled = bool(settings["skip"])
         if not st.enabled:
             st.forget(list(st.slot))
+    if "skip_prompts" in settings:
+        st.skip_prompts = bool(settings["skip_prompts"])
+    if "evict_holes" in settings:
+        st.evict_holes = bool(settings["evict_holes"])
+    if settings.get("reset_prefix_cache") and not core.scheduler.reset_prefix_cache():
+        raise RuntimeError("the prefix cache could not be reset (requests still hold blocks)")
     if "stash_tokens" in settings:
         st.forget(list(st.slot))
         st.width, st.hidden, st.tokens = int(settings["stash_tokens"]), None, None
@@ -379,6 +473,7 @@ def _utility(core: Any, settings: dict[str, Any] | None = None) -> dict[str, Any
             sched.dynamic_sd_lookup, sched._peagle_k0_saved_lookup = base, None
     drafts = _record_drafts(core, settings["record_drafts"]) if "record_drafts" in settings else None
     return {"enabled": st.enabled, "drafts": drafts, "catch_up": st.catch_up, "why_never": skip_possible(runner),
+            "skip_prompts": st.skip_prompts and st.prompts_ok, "evict_holes": st.evict_holes,
             "stash_tokens": None if st.hidden is None else st.hidden.shape[1],
             "open_gaps": len(st.gap_start), **st.counters}
 
@@ -406,7 +501,8 @@ def _record_drafts(core: Any, on: bool) -> list[list] | None:
 
 
 def install() -> None:
-    """Chained from `actors.any_k.install`: the runner wrappers and the utility method."""
+    """Chained from `actors.any_k.install`: the runner wrappers, the core's step wrapper
+    (gaps out of the prefix cache) and the utility method."""
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -417,5 +513,7 @@ def install() -> None:
         log.warning("plain sampling of steps without drafts not installed: vLLM's GPUModelRunner lacks _sample")
     elif not getattr(sample, ATTR, False):
         GPUModelRunner._sample = _wrap_sample(sample)
+    if not getattr(EngineCore.step, ATTR, False):
+        EngineCore.step = _wrap_step(EngineCore.step)
     if getattr(EngineCore, METHOD, None) is None:
         setattr(EngineCore, METHOD, _utility)

@@ -3,11 +3,13 @@ resumes (`actors.k0_skip`; the real vLLM engine on CPU, tiny model, float32, gre
 
 K is forced per step from a cycle (`force_k_cycle`, a test-only engine-core setting), so
 which steps skip is deterministic. Outputs must equal no speculation token for token;
-decode-only K=0 steps must run the head zero times; and acceptance with long K=0 spells
-must equal acceptance at K=4 throughout, which only holds if catch-up rebuilt the draft
-KV cache exactly (with catch-up off, the same run accepts clearly less). Acceptance is
-checked draft by draft against the known greedy sequence at the points both runs drafted,
-so which steps a request happens to share does not move it.
+K=0 steps, prompts joining included, must run the head zero times; and acceptance with
+long K=0 spells (prompts joining in them) must equal acceptance at K=4 throughout, which
+only holds if catch-up rebuilt the draft KV cache exactly (with catch-up off, the same run
+accepts clearly less). Acceptance is checked draft by draft against the known greedy
+sequence at the points both runs drafted, so which steps a request happens to share does
+not move it. A request that ends inside a K=0 spell must not leave its un-drafted blocks
+in the prefix cache for a later request to draft over.
 """
 
 import pytest
@@ -24,7 +26,7 @@ PROMPTS = [{"id": r["id"], "prompt": r["prompt"], "max_tokens": 8 + 8 * i}
 BASE = ["sampling.temperature=0", "engine.max_num_seqs=32", "engine.spec.controller=off"]  # the test sets K
 PEAGLE = [*BASE, f"engine.spec.num_speculative_tokens={K_MAX}", f"engine.spec.schedule=[[1,32,{K_MAX}]]"]
 SWITCHING = [4, 2, 0, 0, 3, 1, 0, 4, 0, 0, 0, 2]
-SPELLS = [4, 0, 0, 0, 0, 0, 0, 0, 0]  # one drafting step, then eight skipped ones
+SPELLS = [0, 0, 0, 0, 0, 0, 0, 0, 4]  # eight skipped steps (the prompts join on the first), one drafting
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +65,8 @@ def _run(engine, loop, cycle, prompts=PROMPTS, **settings):
     counters' "drafts" map (prompt, position) to the drafts made there."""
     loop.run(engine.k0_skip({"reset": True, "force_k_cycle": cycle, "record_drafts": True, **settings}))
     engine.step_window.drain()
-    restore = {"force_k_cycle": None, "catch_up": True, "record_drafts": False}
+    restore = {"force_k_cycle": None, "catch_up": True, "record_drafts": False, "skip_prompts": True,
+               "evict_holes": True}
     if "skip" in settings:
         restore["skip"] = True
     if "stash_tokens" in settings:
@@ -113,18 +116,24 @@ def test_switching_through_k0_is_lossless_and_skips_the_head(reference, peagle, 
     assert len(drafts) >= K_MAX and all(drafts[:K_MAX]), drafts  # every K > 0 ran too
 
 
-def test_decode_only_k0_steps_run_the_head_zero_times(peagle, loop):
-    # All requests prefilled in the first steps (K=4), then K=0 for good: every decode step
-    # skips. The head runs for the prefill steps only; no catch-up (drafting never resumes).
+def test_k0_steps_run_the_head_zero_times_prompts_included(peagle, loop):
+    # K=0 for good: every step skips, the prompts' too; no catch-up (drafting never resumes).
     prompts = [{**p, "max_tokens": 24} for p in PROMPTS[:6]]
     _, _, counters = _run(peagle, loop, [0], prompts)
+    assert counters["skip_prompts"], counters
     assert counters["skipped_steps"] >= 20, counters
-    assert counters["catchup_passes"] == 0, counters
-    assert counters["head_forwards"] == counters["k0_head_runs"], counters  # only non-skipped steps
-    assert counters["head_forwards"] <= 6, counters  # the prefill steps, at most one per request
+    assert counters["head_forwards"] == 0 and counters["catchup_passes"] == 0, counters
+    assert counters["stashed_prompt_tokens"] >= 6 * 32, counters  # every prompt, each several blocks long
     # and nothing to verify on those steps: each sampled as a plain engine's, not through
     # the rejection sampler
     assert counters["plain_sampled_steps"] >= counters["skipped_steps"], counters
+    # Every request ended inside the spell: its blocks left the prefix cache.
+    assert counters["evicted_blocks"] >= 6, counters
+    # With prompts not skipped (as a speculating engine did before), the head runs for the
+    # steps the prompts join on only, at most one per request.
+    _, _, counters = _run(peagle, loop, [0], prompts, skip_prompts=False)
+    assert counters["stashed_prompt_tokens"] == 0 and counters["skipped_steps"] >= 20, counters
+    assert 1 <= counters["head_forwards"] == counters["k0_head_runs"] <= 6, counters
 
 
 def test_catch_up_makes_acceptance_after_a_gap_equal_acceptance_without_one(reference, sequences, peagle, loop):
@@ -135,6 +144,7 @@ def test_catch_up_makes_acceptance_after_a_gap_equal_acceptance_without_one(refe
     out, gapped, b_run = _run(peagle, loop, SPELLS)
     assert not [i for i in reference if out[i] != reference[i]]
     assert b_run["enabled"] and b_run["skipped_steps"] > 0 and b_run["catchup_tokens"] > 0, b_run
+    assert b_run["stashed_prompt_tokens"] > 0, b_run  # prompts joined in the spells and were caught up too
     _, stale, c_run = _run(peagle, loop, SPELLS, catch_up=False)
     assert c_run["catchup_passes"] == 0 and c_run["skipped_steps"] > 0, c_run
     # Exact: wherever the gapped run drafted, the run drafting every step drafted the same.
@@ -177,3 +187,30 @@ def test_a_failure_in_the_skip_turns_it_off_for_good_and_the_head_runs_again(ref
     assert not [i for i in reference if out[i] != reference[i]]
     assert not counters["enabled"] and counters["skipped_steps"] == 0, counters
     assert counters["k0_head_runs"] > 0, counters  # K=0 steps ran the head, as before the skip
+
+
+def test_a_gap_left_open_by_a_finished_request_is_not_hit_in_the_prefix_cache(peagle, loop):
+    """A request that runs under K=0 throughout ends with its whole sequence stashed and
+    never caught up: its blocks hold the target's KV but no head KV. The same prompt run
+    again (drafting) must draft as on a fresh cache; with the eviction off it hits those
+    blocks and drafts over the hole (the negative control). The fresh run comes last, so
+    no block can hold this prompt's head KV before it."""
+    prompt = [{**humaneval_requests(limit=len(PROMPTS) + 1)[-1], "max_tokens": 16}]
+
+    def drafts_after_a_k0_run(**settings):
+        _, _, first = _run(peagle, loop, [0], prompt, reset_prefix_cache=True, **settings)
+        assert first["head_forwards"] == 0 and first["stashed_prompt_tokens"] >= 64, first
+        out, _, again = _run(peagle, loop, [K_MAX], prompt)
+        return first, again["drafts"], out
+
+    hole_run, hole, _ = drafts_after_a_k0_run(evict_holes=False)
+    evict_run, evicted, out = drafts_after_a_k0_run()
+    _, _, fresh = _run(peagle, loop, [K_MAX], prompt, reset_prefix_cache=True)
+    assert hole_run["evicted_blocks"] == 0, hole_run
+    assert evict_run["evicted_blocks"] >= 2, evict_run  # the prompt's blocks and the output's
+    same_evicted, n = _same_drafts(evicted, fresh["drafts"])
+    same_hole, _ = _same_drafts(hole, fresh["drafts"])
+    print(f"drafts equal to a fresh cache's at {n} points: gap evicted {same_evicted:.3f}, hole hit {same_hole:.3f}")
+    assert n >= 3, n
+    assert same_evicted >= 0.97, same_evicted
+    assert same_hole <= same_evicted - 0.2, (same_hole, same_evicted)

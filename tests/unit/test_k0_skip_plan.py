@@ -1,6 +1,6 @@
 """How a P-EAGLE K=0 skip's stashed gaps are cut into catch-up passes, which steps are
-sampled as a plain engine's, and the test-only per-step K cycle (actors.k0_skip): plain
-numbers, no engine. The engine-level proof
+sampled as a plain engine's, which blocks a gap left open drops from the prefix cache,
+and the test-only per-step K cycle (actors.k0_skip): plain numbers, no engine. The engine-level proof
 (lossless, no head forward on skipped steps, acceptance after a gap = without one) is
 in tests/integration/test_k0_skip.py."""
 
@@ -8,7 +8,9 @@ import pytest
 
 from types import SimpleNamespace
 
-from actors.k0_skip import _Cycle, plain_sample_applies, plan_passes
+import torch
+
+from actors.k0_skip import State, _Cycle, evict_holes, plain_sample_applies, plan_passes
 
 pytestmark = pytest.mark.unit
 
@@ -68,3 +70,72 @@ def test_steps_wanting_logprobs_or_a_thinking_budget_keep_vllms_path():
     assert not plain_sample_applies(no_drafts, _sampling(logprobs=0))
     assert not plain_sample_applies(no_drafts, _sampling(logprobs=5))
     assert not plain_sample_applies(no_drafts, _sampling(holder=_Holder(True)))
+
+
+class _Scheduler:
+    """What `evict_holes` reads and calls on vLLM's scheduler: the requests finished since
+    the last step, and the prefix cache's eviction by block id (recorded here)."""
+
+    def __init__(self, finished=()):
+        self.finished_req_ids = set(finished)
+        self.evicted = []
+        self.kv_cache_manager = SimpleNamespace(evict_blocks=lambda ids: self.evicted.append(set(ids)))
+
+
+def _state(block_size=32):
+    proposer = SimpleNamespace(
+        vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=4),
+                                    cache_config=SimpleNamespace(block_size=block_size)),
+        max_model_len=512, model=SimpleNamespace(register_forward_pre_hook=lambda hook: None))
+    return State(proposer)
+
+
+def _open_gap(st, rid, start, end, table, row):
+    """rid's gap [start, end) as the stash leaves it, stashed one token at a time."""
+    st.gap_start[rid], st.slot[rid] = start, len(st.slot)
+    for pos in range(start, end):
+        st.written_end[rid] = pos + 1
+        st._note_blocks(rid, pos + 1, table, row)
+
+
+TABLE = torch.tensor([[10, 11, 12, 13, 14], [20, 21, 22, 23, 24]])
+
+
+def test_a_gap_records_the_blocks_under_it_from_its_first_block_on():
+    st = _state()
+    _open_gap(st, "a", 40, 70, TABLE, 0)  # positions 40..69: blocks 1 and 2 of 32 tokens
+    _open_gap(st, "b", 0, 33, TABLE, 1)  # 0..32: blocks 0 and 1
+    assert st.blocks == {"a": [11, 12], "b": [20, 21]}
+
+
+def test_a_finished_requests_gap_leaves_the_prefix_cache_before_the_next_step():
+    st = _state()
+    _open_gap(st, "a", 40, 70, TABLE, 0)
+    _open_gap(st, "b", 0, 10, TABLE, 1)
+    sched = _Scheduler(finished={"a", "gone-without-a-gap"})
+    evict_holes(sched, st)
+    assert sched.evicted == [{11, 12}] and st.counters["evicted_blocks"] == 2
+    evict_holes(_Scheduler(), st)  # nothing new finished: nothing evicted twice
+    assert st.counters["evicted_blocks"] == 2
+
+
+def test_a_preempted_requests_gap_is_evicted_and_forgotten_a_running_one_kept():
+    st = _state()
+    _open_gap(st, "a", 40, 70, TABLE, 0)
+    _open_gap(st, "b", 0, 10, TABLE, 1)
+    st.leave_holes(["a"])
+    assert "a" not in st.gap_start and "a" not in st.slot and "b" in st.gap_start
+    sched = _Scheduler()
+    evict_holes(sched, st)
+    assert sched.evicted == [{11, 12}] and not st.holes
+
+
+def test_with_eviction_off_a_gap_left_open_stays_in_the_prefix_cache():
+    st = _state()
+    st.evict_holes = False
+    _open_gap(st, "a", 40, 70, TABLE, 0)
+    _open_gap(st, "b", 0, 10, TABLE, 1)
+    st.leave_holes(["b"])
+    sched = _Scheduler(finished={"a"})
+    evict_holes(sched, st)
+    assert sched.evicted == [] and st.counters["evicted_blocks"] == 0
