@@ -58,7 +58,10 @@ calibrate: install
 		--plot out/calibrate/cpu-tiny.png
 
 # One chunk (20 min of wall clock) of the resumable CPU training (models/train_chunks.py):
-# run it again to continue where it stopped; the last chunk writes
+# run it again to continue where it stopped. The run in progress is committed
+# (artifacts/train-chunks: plan, state, the current checkpoint; commit it once a session,
+# ~70 MB of heads and optimizer state, not every chunk), so a fresh clone continues it:
+# the corpus and the heads' greedy pool are made again (~7 min). The last chunk writes
 # artifacts/train-chunks/trained/ (export: $(PY) -m models.train_all --out OUT
 # --from-trained artifacts/train-chunks/trained). Needs only the venv, never run by
 # `make install`. Extra flags: make train TRAIN_ARGS="--plan deep16 --init artifacts/base4/target".

@@ -19,11 +19,17 @@ form, the rule that makes a step a pure function of (phase seed, phase name, ste
     DIR/plan.json           the plan, written once; a later call naming another plan fails,
                             unless it changes only phases not yet started (then recorded
                             in the state's `amendments`)
-    DIR/corpus.npz          the corpus (copied from --corpus, or made on first use)
+    DIR/corpus.npz          the corpus (copied from --corpus, or made on first use; where
+                            it is missing on resume, the default corpus is made again and
+                            must have the sha256 the run began with)
     DIR/state.json          phase, step, loss history, chunk log, current checkpoint name
     DIR/ckpt-NNNNNN/        weights + AdamW state as `<stem>.NN.pt` shards (<= 12 MiB);
                             written to DIR/.tmp-*, fsynced, renamed; state.json is replaced
-                            (atomically) only after, so a killed call leaves the last one
+                            (atomically) only after, so a killed call leaves the last one.
+                            A heads-only plan's checkpoints leave the frozen target out: it
+                            is rebuilt from --init on resume, its fingerprint checked
+                            (`target_is_init`). plan.json + state.json + this folder are
+                            all a run needs to go on (`make train` commits them: .gitignore)
     DIR/pool-<target sha>/  the heads phase's greedy pool, one file per piece
     DIR/trained/            at the end: target/peagle_head/eagle3_head shards + metrics.json
 
@@ -531,9 +537,30 @@ def _new_state(plan: Plan, corpus_sha: str, init: dict | None) -> dict:
             "checkpoint": None, "checkpoint_seq": 0, "heads_initialized": False}
 
 
+def target_is_init(plan: Plan, state: dict) -> bool:
+    """Whether the run's target is its `--init` source throughout: a plan with no target
+    phase trains heads against the frozen --init target, so a checkpoint leaves it out
+    (the --init source, its fingerprint checked, rebuilds it on resume)."""
+    return state.get("init") is not None and all(p.name != "target" for p in plan.phases)
+
+
+def _init_target_again(plan: Plan, init: dict) -> dict[str, torch.Tensor]:
+    """The frozen target of a heads-only run, from its --init source, exactly as it began."""
+    source = Path(init["from"])
+    if not source.is_absolute() and not source.exists():  # a repository path, read from elsewhere
+        source = REPO_ROOT / source
+    rebuilt = init_target(plan, load_init_state(source), grow_for_plan)
+    if state_fingerprint(rebuilt) != init["sha256"]:
+        raise ValueError(f"the target this run trains against ({str(source)!r}, --init at its first chunk) "
+                         f"has changed since: fingerprint {state_fingerprint(rebuilt)[:12]}, the run began "
+                         f"with {init['sha256'][:12]}; put that target back, or start a new --work DIR")
+    return rebuilt
+
+
 def save_checkpoint(work: Path, rt: Runtime) -> Path:
     """Weights + optimizer state into a new DIR/ckpt-NNNNNN (tmp dir, fsync, rename),
-    then state.json pointing at it (atomic replace), then older checkpoints go."""
+    then state.json pointing at it (atomic replace), then older checkpoints go. The
+    target is left out where it is the --init source throughout (`target_is_init`)."""
     state = rt.state
     seq = state["checkpoint_seq"] + 1
     final = work / f"ckpt-{seq:06d}"
@@ -541,7 +568,7 @@ def save_checkpoint(work: Path, rt: Runtime) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    written = save_sharded(_cpu_state(rt.target), tmp, "target")
+    written = [] if target_is_init(rt.plan, state) else save_sharded(_cpu_state(rt.target), tmp, "target")
     optim_meta = {}
     if rt.target_optim is not None:
         tensors, optim_meta["target"] = optim_to_files(rt.target_optim)
@@ -594,19 +621,37 @@ def _prepare_corpus(work: Path, corpus_arg: Path | None, state: dict | None) -> 
             ensure_corpus(path, "full", train_tokenizer(DEFAULT_VOCAB_SIZE, DEFAULT_CORPUS_MAX_BYTES))
         return path
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: the run's corpus (sha256 "
-                                f"{state['corpus_sha256'][:12]}) must stay in DIR")
+        _remake_corpus(path, state["corpus_sha256"])
     if corpus_arg is not None and sha256_file(corpus_arg) != state["corpus_sha256"]:
         raise ValueError(f"--corpus {str(corpus_arg)!r} is not the corpus this run started with "
                          f"(sha256 {state['corpus_sha256'][:12]})")
     return path
 
 
+def _remake_corpus(path: Path, sha: str) -> None:
+    """A run's corpus is not kept with a committed checkpoint (it is 19 MB and made in
+    seconds): the default corpus is made again and must be the one the run began with."""
+    from models.tokenizer import DEFAULT_CORPUS_MAX_BYTES, DEFAULT_VOCAB_SIZE, train_tokenizer
+    from models.train_all import ensure_corpus
+
+    log("chunks", f"{path} is missing: making the default corpus again (the run began with sha256 {sha[:12]})")
+    tmp = path.with_name(".tmp-remade-corpus.npz")
+    ensure_corpus(tmp, "full", train_tokenizer(DEFAULT_VOCAB_SIZE, DEFAULT_CORPUS_MAX_BYTES))
+    if sha256_file(tmp) != sha:
+        tmp.unlink()
+        raise FileNotFoundError(f"{path} is missing and the default corpus made again is not the run's "
+                                f"(sha256 {sha[:12]}): copy the run's corpus back into DIR")
+    os.replace(tmp, path)
+
+
 def _load_runtime(work: Path, plan: Plan, state: dict, corpus: dict) -> Runtime:
     ckpt = work / state["checkpoint"]
     spec = plan.tiny_spec()
     target = TinyLlama(spec)
-    target.load_state_dict(load_sharded(ckpt, "target"))
+    if any(ckpt.glob("target.[0-9][0-9].pt")):
+        target.load_state_dict(load_sharded(ckpt, "target"))
+    else:
+        target.load_state_dict(_init_target_again(plan, state["init"]))
     rt = Runtime(plan=plan, state=state, corpus=corpus, target=target)
     optim_meta = json.loads((ckpt / "optim.json").read_text())
 

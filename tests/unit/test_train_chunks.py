@@ -305,3 +305,67 @@ def test_heads_warm_started_from_a_trained_eagle3_head(one_call, corpus, tmp_pat
     # the field belongs to the heads phase only
     with pytest.raises(ValueError, match="target phase"):
         replace(_plan().phases[0], init_heads=str(head_dir))
+
+
+def _heads_only_from(tmp_path, seed: int = 7) -> tuple[tc.Plan, Path]:
+    """A heads-only plan and the --init target folder it trains against."""
+    source = TinyLlama(SPEC)
+    source.init_weights(seed)
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    save_sharded({k: v.detach() for k, v in source.state_dict().items()}, src_dir, "target")
+    return replace(_plan(), phases=(_plan().phases[1],)), src_dir
+
+
+def test_a_heads_only_run_keeps_no_target_in_its_checkpoints_and_resumes_exactly(corpus, tmp_path):
+    # What a committed checkpoint of a heads-only run carries: the heads and their optimizer
+    # state; the frozen target comes back from --init on resume, bit for bit.
+    plan, src_dir = _heads_only_from(tmp_path)
+    whole = tmp_path / "whole"
+    tc.run_chunk(whole, plan, init_from=src_dir, corpus_path=corpus)
+    chunked = tmp_path / "chunked"
+    state = tc.run_chunk(chunked, plan, max_steps=1, init_from=src_dir, corpus_path=corpus)
+    while not state["finished"]:
+        assert not list((chunked / state["checkpoint"]).glob("target.*")), state["checkpoint"]
+        assert list((chunked / state["checkpoint"]).glob("peagle_optim.*")), state["checkpoint"]
+        state = tc.run_chunk(chunked, None, max_steps=1)
+    _assert_same(_result(whole), _result(chunked))
+
+
+def test_a_heads_only_run_refuses_a_changed_init_target_by_its_fingerprint(corpus, tmp_path):
+    plan, src_dir = _heads_only_from(tmp_path)
+    work = tmp_path / "w"
+    state = tc.run_chunk(work, plan, max_steps=1, init_from=src_dir, corpus_path=corpus)
+    other = TinyLlama(SPEC)
+    other.init_weights(8)
+    for shard in src_dir.glob("target.*"):
+        shard.unlink()
+    save_sharded({k: v.detach() for k, v in other.state_dict().items()}, src_dir, "target")
+    with pytest.raises(ValueError, match=f"has changed since.*began with {state['init']['sha256'][:12]}"):
+        tc.run_chunk(work, None, max_steps=1)
+
+
+def test_a_missing_corpus_is_made_again_and_must_be_the_runs(corpus, tmp_path, monkeypatch):
+    # A committed checkpoint leaves the corpus out: it is made again, and only the corpus
+    # the run began with is accepted (the default corpus is deterministic; here the maker
+    # is swapped for a copy of this test's corpus, or of another).
+    import shutil
+
+    import models.tokenizer
+    import models.train_all
+
+    work = tmp_path / "w"
+    tc.run_chunk(work, _plan(), max_steps=1, corpus_path=corpus)
+    made_from = {"path": corpus}
+    monkeypatch.setattr(models.tokenizer, "train_tokenizer", lambda *a: None)
+    monkeypatch.setattr(models.train_all, "ensure_corpus",
+                        lambda path, budget, tok: shutil.copyfile(made_from["path"], path))
+    (work / "corpus.npz").unlink()
+    assert tc.run_chunk(work, None, max_steps=1)["step"] == 2
+    other = tmp_path / "other.npz"
+    np.savez(other, **{k: v for k, v in np.load(corpus).items() if k != "train"}, train=np.zeros(10, np.uint16))
+    made_from["path"] = other
+    (work / "corpus.npz").unlink()
+    with pytest.raises(FileNotFoundError, match="not the run's"):
+        tc.run_chunk(work, None, max_steps=1)
+    assert not (work / "corpus.npz").exists()
