@@ -2,6 +2,7 @@
 
     python -m models.train_chunks --work DIR [--minutes M] [--max-steps N] [--threads T]
         [--init FROM] [--plan NAME|PLAN.json] [--corpus CORPUS.npz] [--save-every-minutes S]
+    python -m models.train_chunks --work DIR --snapshot OUT     # the heads so far, to measure
 
 Each call trains one chunk: it loads DIR's plan and state, runs steps until --minutes
 of wall clock have passed (checked between steps only), --max-steps steps have run in
@@ -879,10 +880,10 @@ def _heads_metrics(rt: Runtime) -> dict:
     return metrics
 
 
-def write_trained(work: Path, rt: Runtime) -> Path:
-    """DIR/trained/ in `models.train_core`'s layout (written to a tmp dir, then renamed)."""
-    out = work / "trained"
-    tmp = work / ".tmp-trained"
+def write_trained(work: Path, rt: Runtime, out: Path | None = None) -> Path:
+    """DIR/trained/ (or `out`) in `models.train_core`'s layout (written to a tmp dir, then renamed)."""
+    out = Path(out) if out is not None else work / "trained"
+    tmp = out.parent / f".tmp-{out.name}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
@@ -921,8 +922,31 @@ def write_trained(work: Path, rt: Runtime) -> Path:
     if out.exists():
         shutil.rmtree(out)
     os.rename(tmp, out)
-    _fsync(work)
+    _fsync(out.parent)
     return out
+
+
+def snapshot(work: Path, out: Path) -> Path:
+    """The heads phase's current checkpoint as a trained folder at `out` (the layout
+    `models.train_all --from-trained` exports): to measure the heads in vLLM between chunks
+    (`models.measure_acceptance`). The heads' metrics there are the loss history so far, no
+    held-out evaluation. The run itself is left as it is."""
+    state_path, plan_path = work / "state.json", work / "plan.json"
+    if not state_path.is_file():
+        raise FileNotFoundError(f"{work}: no state.json, nothing trained to snapshot")
+    state = json.loads(state_path.read_text())
+    plan = Plan.from_dict(json.loads(plan_path.read_text()))
+    if plan.phases[state["phase_index"]].name != "heads" or not state["heads_initialized"]:
+        raise ValueError(f"{work}: the run is at {plan.phases[state['phase_index']].name} step {state['step']}; "
+                         "a snapshot needs the heads phase under way")
+    corpus_file = work / "corpus.npz"
+    if not corpus_file.is_file():
+        _remake_corpus(corpus_file, state["corpus_sha256"])
+    rt = _load_runtime(work, plan, state, load_corpus(corpus_file))
+    rt.state = {**state, "metrics": {**state["metrics"], "heads": {
+        "config": asdict(rt.phase.head_config()), "steps_run": state["step"], "stopped_by_clock": True,
+        **{name: head_loss_summary(state["history"][name]) for name in HEAD_NAMES}}}}
+    return write_trained(work, rt, out)
 
 
 def run_chunk(work: Path, plan: Plan | None = None, *, minutes: float | None = None,
@@ -1059,6 +1083,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, default=None,
                         help="first chunk: corpus .npz to copy into DIR (default: make the full one)")
     parser.add_argument("--save-every-minutes", type=float, default=5.0)
+    parser.add_argument("--snapshot", type=Path, default=None, metavar="OUT",
+                        help="train nothing: write the current heads checkpoint to OUT as a trained "
+                             "folder (export it with models.train_all --from-trained OUT)")
     args = parser.parse_args(argv)
     if args.minutes is not None and args.minutes <= 0:
         parser.error(f"--minutes must be positive, got {args.minutes!r}")
@@ -1067,6 +1094,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_every_minutes <= 0:
         parser.error(f"--save-every-minutes must be positive, got {args.save_every_minutes!r}")
     torch.set_num_threads(args.threads)
+    if args.snapshot is not None:
+        try:
+            log("chunks", f"snapshot of {args.work} written to {snapshot(args.work, args.snapshot)}")
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     try:
         plan = load_plan_arg(args.plan) if args.plan is not None else None
         run_chunk(args.work, plan, minutes=args.minutes, max_steps=args.max_steps,

@@ -369,3 +369,25 @@ def test_a_missing_corpus_is_made_again_and_must_be_the_runs(corpus, tmp_path, m
     with pytest.raises(FileNotFoundError, match="not the run's"):
         tc.run_chunk(work, None, max_steps=1)
     assert not (work / "corpus.npz").exists()
+
+
+def test_a_snapshot_mid_run_holds_the_checkpoints_heads_in_the_exported_layout(corpus, tmp_path):
+    from models.export import training_summary
+
+    plan, src_dir = _heads_only_from(tmp_path)
+    work = tmp_path / "w"
+    with pytest.raises(FileNotFoundError, match="nothing trained"):
+        tc.snapshot(work, tmp_path / "snap")
+    state = tc.run_chunk(work, plan, max_steps=2, init_from=src_dir, corpus_path=corpus)
+    out = tc.snapshot(work, tmp_path / "snap")
+    ckpt = work / state["checkpoint"]
+    for name in tc.HEAD_NAMES:
+        stem = tc.HEAD_STEMS[name]
+        for key, value in load_sharded(ckpt, stem).items():
+            assert torch.equal(load_sharded(out, stem)[key], value), (name, key)
+    for key, value in load_sharded(out, "target").items():
+        assert torch.equal(value, load_sharded(src_dir, "target")[key]), key
+    summary = training_summary(json.loads((out / "metrics.json").read_text()))
+    assert summary["heads"]["steps_run"] == 2
+    # the run goes on untouched
+    assert tc.run_chunk(work, None, max_steps=1)["step"] == 3
