@@ -19,7 +19,10 @@ the hole: never a different output (rejection sampling), but fewer drafts accept
 as long as the blocks are cached. So those blocks are dropped from the prefix cache
 before the next step is scheduled (`evict_holes`, from the core's step wrapper): a later
 request recomputes them, head included. Skipping prompts needs that wrapper to reach the
-runner, so it is on only where the runner is in the core's process (world size 1).
+runner and read the cache's block ids from the drafter's block table, so it is on only
+where the runner is in the core's process (one worker, in-process executor) and the
+attention kernel's block is the cache's (`blocks_differ`); elsewhere a K = 0 step skips
+decode-only steps and gaps stay in the prefix cache (acceptance only, never output).
 
 A step on which no request drafted (every K = 0 step's successor, a prefill) also skips
 vLLM's rejection sampler: vLLM 0.32 sends every step of a speculating engine through it,
@@ -110,7 +113,7 @@ class State:
         self.catch_up = True
         self.skip_prompts = True  # a K = 0 step with a prompt (chunk) in it skips too
         self.evict_holes = True  # a gap its request leaves un-caught-up is dropped from the prefix cache
-        self.prompts_ok = False  # set by the runner wrapper: prompts skip only with the runner in the core's process
+        self.core_evicts = False  # set by `_core_state`: the core's step wrapper reaches this drafter and can evict its gaps
         self.fail_next = False  # test-only fault injection: the next skip decision raises
         self.width: int | None = None  # stash tokens per request; None: from STASH_BUDGET_BYTES
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -139,9 +142,10 @@ class State:
     def leave_holes(self, req_ids) -> None:
         """These requests' blocks go back to the prefix cache with their open gaps un-caught-up:
         mark the gaps' blocks for eviction (a later hit would draft over a hole) and forget them."""
-        for rid in req_ids:
-            if rid in self.gap_start and self.evict_holes:
-                self.holes.update(self.blocks.get(rid, ()))
+        if self.evict_holes and self.core_evicts:
+            for rid in req_ids:
+                if rid in self.gap_start:
+                    self.holes.update(self.blocks.get(rid, ()))
         self.forget(req_ids)
 
     def disable(self, why: str) -> None:
@@ -235,7 +239,7 @@ def _skip_or_catch_up(proposer, st: State, k: int, args: dict[str, Any], run_pas
         if rid in st.gap_start and not st.gap_start[rid] <= p <= st.written_end[rid]:
             st.forget([rid])
             st.counters["dropped_gaps"] += 1
-    skippable = st.skip_prompts and st.prompts_ok or is_decode_step(so.num_scheduled_tokens,
+    skippable = st.skip_prompts and st.core_evicts or is_decode_step(so.num_scheduled_tokens,
                                                                       so.scheduled_spec_decode_tokens)
     # M-RoPE positions are 3-D; the catch-up batch builds 1-D ones, so those models never skip.
     if k == 0 and skippable and args.get("mm_embed_inputs") is None and not getattr(proposer, "uses_mrope", False):
@@ -344,7 +348,6 @@ def _wrap_runner(fn):
         if drafter is None or not applies(drafter) or skip_possible(self) is not None:
             return fn(self, scheduler_output, *args, **kwargs)
         st = state_for(drafter)
-        st.prompts_ok = self.parallel_config.world_size == 1
         # Finished requests' gaps were dropped from the prefix cache by the core before this
         # step was scheduled (`_wrap_step`); a preempted request's blocks went back to the cache
         # while this step was scheduled, and are dropped before the next one.
@@ -363,23 +366,40 @@ def _wrap_runner(fn):
 
 
 def _core_state(core: Any) -> State | None:
-    """The K=0 skip state of the core's drafter, where the runner is in the core's process."""
+    """The K=0 skip state of the core's drafter, where the runner is in the core's process
+    (found once, on the core's first step); marks whether the core can evict its gaps."""
     st = getattr(core, "_peagle_k0_state", False)
     if st is False:
         try:
-            drafter = getattr(step_split._runner(core), "drafter", None)
+            runner = step_split._runner(core)
         except (ValueError, AttributeError):  # workers in other processes, or overlapping steps
-            drafter = None
+            runner = None
+        drafter = getattr(runner, "drafter", None)
         st = state_for(drafter) if drafter is not None and applies(drafter) else None
+        if st is not None:
+            why = blocks_differ(runner, st.block_size)
+            if why:
+                log.warning("P-EAGLE K=0 skip: gaps stay in the prefix cache and prompts are not skipped: %s", why)
+            st.core_evicts = why is None
         core._peagle_k0_state = st
     return st
+
+
+def blocks_differ(runner: Any, block_size: int) -> str | None:
+    """Why the block ids in the drafter's block table are not the prefix cache's (None: they
+    are). An attention kernel with a smaller block than the cache's splits each cache block
+    into several kernel blocks, and the table then holds the kernel's ids."""
+    kernel = [int(b) for b in getattr(runner, "_kernel_block_sizes", None) or ()]
+    if any(b != block_size for b in kernel):
+        return f"kernel block sizes {kernel!r} differ from the cache's block size {block_size!r}"
+    return None
 
 
 def evict_holes(scheduler: Any, st: State) -> None:
     """Before a step is scheduled: drop from the prefix cache the blocks of every gap its
     request left without head KV (finished since the last step, or preempted on it), so no
     later request hits them and drafts over the hole; it recomputes them instead."""
-    if st.evict_holes:
+    if st.evict_holes and st.core_evicts:
         for rid in scheduler.finished_req_ids & st.gap_start.keys():
             st.holes.update(st.blocks.get(rid, ()))
     if st.holes:
@@ -473,7 +493,7 @@ def _utility(core: Any, settings: dict[str, Any] | None = None) -> dict[str, Any
             sched.dynamic_sd_lookup, sched._peagle_k0_saved_lookup = base, None
     drafts = _record_drafts(core, settings["record_drafts"]) if "record_drafts" in settings else None
     return {"enabled": st.enabled, "drafts": drafts, "catch_up": st.catch_up, "why_never": skip_possible(runner),
-            "skip_prompts": st.skip_prompts and st.prompts_ok, "evict_holes": st.evict_holes,
+            "skip_prompts": st.skip_prompts and st.core_evicts, "evict_holes": st.evict_holes and st.core_evicts,
             "stash_tokens": None if st.hidden is None else st.hidden.shape[1],
             "open_gaps": len(st.gap_start), **st.counters}
 

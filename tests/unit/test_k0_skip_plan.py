@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import torch
 
-from actors.k0_skip import State, _Cycle, evict_holes, plain_sample_applies, plan_passes
+from actors.k0_skip import State, _Cycle, _core_state, evict_holes, plain_sample_applies, plan_passes
 
 pytestmark = pytest.mark.unit
 
@@ -87,7 +87,9 @@ def _state(block_size=32):
         vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=4),
                                     cache_config=SimpleNamespace(block_size=block_size)),
         max_model_len=512, model=SimpleNamespace(register_forward_pre_hook=lambda hook: None))
-    return State(proposer)
+    st = State(proposer)
+    st.core_evicts = True  # as `_core_state` marks it where the core reaches the runner
+    return st
 
 
 def _open_gap(st, rid, start, end, table, row):
@@ -139,3 +141,32 @@ def test_with_eviction_off_a_gap_left_open_stays_in_the_prefix_cache():
     sched = _Scheduler(finished={"a"})
     evict_holes(sched, st)
     assert sched.evicted == [] and st.counters["evicted_blocks"] == 0
+
+
+def _core(kernel_block_sizes, workers=1, block_size=32):
+    """A core whose executor holds `workers` workers, the first with a P-EAGLE drafter."""
+    st = _state(block_size)
+    st.core_evicts = False
+    drafter = SimpleNamespace(parallel_drafting=True, method="eagle3", pass_hidden_states_to_model=True,
+                              needs_extra_input_slots=True, _peagle_k0=st)
+    runner = SimpleNamespace(drafter=drafter, _kernel_block_sizes=kernel_block_sizes)
+    worker = SimpleNamespace(model_runner=runner)
+    return SimpleNamespace(model_executor=SimpleNamespace(driver_worker=worker, workers=[worker] * workers),
+                           batch_queue=None)
+
+
+def test_the_core_evicts_gaps_and_skips_prompts_only_where_block_ids_are_the_caches():
+    assert _core_state(_core([32])).core_evicts
+    split = _core_state(_core([16]))  # a kernel block of 16 inside each 32-token cache block
+    assert split is not None and not split.core_evicts
+    assert _core_state(_core([32], workers=2)) is None  # the runner is out of the core's reach
+
+
+def test_where_the_core_cannot_evict_a_gap_left_open_marks_no_blocks():
+    st = _state()
+    st.core_evicts = False
+    _open_gap(st, "a", 40, 70, TABLE, 0)
+    st.leave_holes(["a"])
+    sched = _Scheduler(finished={"a"})
+    evict_holes(sched, st)
+    assert not st.holes and sched.evicted == [] and "a" not in st.slot
