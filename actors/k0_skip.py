@@ -14,11 +14,17 @@ acceptance without one.
 
 A request that finishes, or is preempted, with a gap open leaves blocks whose target KV
 is in the prefix cache but whose head KV was never written. A later hit on them (the
-preempted row going on, the next turn of a chat, a sibling of n > 1) would draft over
-the hole: never a different output (rejection sampling), but fewer drafts accepted for
-as long as the blocks are cached. So those blocks are dropped from the prefix cache
-before the next step is scheduled (`evict_holes`, from the core's step wrapper): a later
-request recomputes them, head included. Skipping prompts needs that wrapper to reach the
+preempted row going on, the next turn of a chat, a sibling of n > 1, a prompt that
+repeats) would draft over the hole: never a different output (rejection sampling), but
+fewer drafts accepted for as long as the blocks are cached. So those blocks are dropped
+from the prefix cache (`evict_holes`, from the core's step wrapper): a later request
+recomputes them, head included. A preempted request's go before the next step is
+scheduled (it resumes on them). A finished request's stay cached while K = 0 holds, where
+a hit on them costs nothing (nothing drafts), so a K = 0 engine keeps a plain engine's
+prefix hits; they go before a step that may draft is scheduled (the K the table gives for
+the requests running and waiting, `next_step_may_draft`). A request that hit them inside
+the spell and still runs when drafting resumes drafts over the hole for the rest of its
+life (acceptance only). Skipping prompts needs that wrapper to reach the
 runner and read the cache's block ids from the drafter's block table, so it is on only
 where the runner is in the core's process (one worker, in-process executor) and the
 attention kernel's block is the cache's (`blocks_differ`); elsewhere a K = 0 step skips
@@ -123,7 +129,8 @@ class State:
         self.gap_start: dict[str, int] = {}
         self.written_end: dict[str, int] = {}
         self.blocks: dict[str, list[int]] = {}  # KV block ids under each open gap, from its first block on
-        self.holes: set[int] = set()  # blocks a preempted request left without head KV: evicted by the core
+        self.holes: set[int] = set()  # blocks a preempted request left without head KV: evicted before the next step
+        self.kept_holes: set[int] = set()  # finished requests' blocks without head KV: evicted before a step may draft
         self.block_size = proposer.vllm_config.cache_config.block_size
         self.max_reqs = proposer.vllm_config.scheduler_config.max_num_seqs
         self.max_model_len = proposer.max_model_len
@@ -139,13 +146,15 @@ class State:
             self.written_end.pop(rid, None)
             self.blocks.pop(rid, None)
 
-    def leave_holes(self, req_ids) -> None:
+    def leave_holes(self, req_ids, finished: bool = False) -> None:
         """These requests' blocks go back to the prefix cache with their open gaps un-caught-up:
-        mark the gaps' blocks for eviction (a later hit would draft over a hole) and forget them."""
+        mark the gaps' blocks for eviction (a later hit would draft over a hole) and forget
+        them. Preempted: evicted before the next step (the request resumes on them);
+        finished: kept while K = 0 holds (`evict_holes`)."""
         if self.evict_holes and self.core_evicts:
             for rid in req_ids:
                 if rid in self.gap_start:
-                    self.holes.update(self.blocks.get(rid, ()))
+                    (self.kept_holes if finished else self.holes).update(self.blocks.get(rid, ()))
         self.forget(req_ids)
 
     def disable(self, why: str) -> None:
@@ -348,14 +357,14 @@ def _wrap_runner(fn):
         if drafter is None or not applies(drafter) or skip_possible(self) is not None:
             return fn(self, scheduler_output, *args, **kwargs)
         st = state_for(drafter)
-        # Finished requests' gaps were dropped from the prefix cache by the core before this
-        # step was scheduled (`_wrap_step`); a preempted request's blocks went back to the cache
+        # Finished requests' gaps were noted for the prefix cache by the core before this step
+        # was scheduled (`_wrap_step`); a preempted request's blocks went back to the cache
         # while this step was scheduled, and are dropped before the next one.
         st.forget(scheduler_output.finished_req_ids)
         st.leave_holes(scheduler_output.preempted_req_ids or ())
-        # and any request the runner no longer holds, so stash slots cannot leak (a request
-        # left out of one step, still running, keeps its gap)
-        st.leave_holes([rid for rid in st.slot if rid not in self.requests])
+        # and any request the runner no longer holds (finished on a step that ran no drafter),
+        # so stash slots cannot leak (a request left out of one step, still running, keeps its gap)
+        st.leave_holes([rid for rid in st.slot if rid not in self.requests], finished=True)
         st.step = (scheduler_output, self.input_batch)
         try:
             return fn(self, scheduler_output, *args, **kwargs)
@@ -395,13 +404,30 @@ def blocks_differ(runner: Any, block_size: int) -> str | None:
     return None
 
 
+def next_step_may_draft(scheduler: Any) -> bool:
+    """Whether the step about to be scheduled may draft: the K the scheduler's batch-size
+    table gives for the requests running and waiting (the batch it would schedule with room
+    for all of them). False with nothing to schedule."""
+    n = min(len(scheduler.running) + len(scheduler.waiting), scheduler.max_num_running_reqs)
+    if n == 0:
+        return False
+    lookup = getattr(scheduler, "dynamic_sd_lookup", None)
+    if isinstance(lookup, _Cycle):  # a forced cycle (tests): its next K, without taking it
+        return lookup.cycle[lookup.i % len(lookup.cycle)] > 0
+    return (list.__getitem__(lookup, n) if lookup is not None else scheduler.num_spec_tokens) > 0
+
+
 def evict_holes(scheduler: Any, st: State) -> None:
     """Before a step is scheduled: drop from the prefix cache the blocks of every gap its
-    request left without head KV (finished since the last step, or preempted on it), so no
-    later request hits them and drafts over the hole; it recomputes them instead."""
+    request left without head KV, so that no request hits them and drafts over the hole; it
+    recomputes them instead. A preempted request's go now; a finished one's are kept while
+    the step will not draft (K = 0: a hit costs nothing), and go before one that may."""
     if st.evict_holes and st.core_evicts:
         for rid in scheduler.finished_req_ids & st.gap_start.keys():
-            st.holes.update(st.blocks.get(rid, ()))
+            st.kept_holes.update(st.blocks.get(rid, ()))
+    if st.kept_holes and (not st.enabled or next_step_may_draft(scheduler)):  # off: K = 0 runs the head again
+        st.holes |= st.kept_holes
+        st.kept_holes = set()
     if st.holes:
         holes, st.holes = st.holes, set()
         scheduler.kv_cache_manager.evict_blocks(holes)
@@ -411,11 +437,12 @@ def evict_holes(scheduler: Any, st: State) -> None:
 def _wrap_step(fn):
     def step(self, *args, **kwargs):
         st = _core_state(self)
-        if st is not None and st.enabled and (st.gap_start or st.holes):
+        if st is not None and (st.enabled and st.gap_start or st.holes or st.kept_holes):
             try:
                 evict_holes(self.scheduler, st)
             except Exception as exc:  # never take the engine down: stop skipping instead
                 log.exception("P-EAGLE K=0 skip: evicting gaps from the prefix cache failed")
+                st.holes, st.kept_holes = set(), set()
                 st.disable(f"{type(exc).__name__}: {exc}")
         return fn(self, *args, **kwargs)
     setattr(step, ATTR, True)
@@ -474,8 +501,10 @@ def _utility(core: Any, settings: dict[str, Any] | None = None) -> dict[str, Any
         st.skip_prompts = bool(settings["skip_prompts"])
     if "evict_holes" in settings:
         st.evict_holes = bool(settings["evict_holes"])
-    if settings.get("reset_prefix_cache") and not core.scheduler.reset_prefix_cache():
-        raise RuntimeError("the prefix cache could not be reset (requests still hold blocks)")
+    if settings.get("reset_prefix_cache"):
+        if not core.scheduler.reset_prefix_cache():
+            raise RuntimeError("the prefix cache could not be reset (requests still hold blocks)")
+        st.holes, st.kept_holes = set(), set()  # nothing cached is left to hit
     if "stash_tokens" in settings:
         st.forget(list(st.slot))
         st.width, st.hidden, st.tokens = int(settings["stash_tokens"]), None, None
@@ -495,7 +524,7 @@ def _utility(core: Any, settings: dict[str, Any] | None = None) -> dict[str, Any
     return {"enabled": st.enabled, "drafts": drafts, "catch_up": st.catch_up, "why_never": skip_possible(runner),
             "skip_prompts": st.skip_prompts and st.core_evicts, "evict_holes": st.evict_holes and st.core_evicts,
             "stash_tokens": None if st.hidden is None else st.hidden.shape[1],
-            "open_gaps": len(st.gap_start), **st.counters}
+            "open_gaps": len(st.gap_start), "kept_holes": len(st.kept_holes), **st.counters}
 
 
 def _record_drafts(core: Any, on: bool) -> list[list] | None:

