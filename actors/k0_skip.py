@@ -24,7 +24,9 @@ a hit on them costs nothing (nothing drafts), so a K = 0 engine keeps a plain en
 prefix hits; they go before a step that may draft is scheduled (the K the table gives for
 the requests running and waiting, `next_step_may_draft`). A request that hit them inside
 the spell and still runs when drafting resumes drafts over the hole for the rest of its
-life (acceptance only). Skipping prompts needs that wrapper to reach the
+life (acceptance only), so they are kept only once the spell has lasted
+`KEEP_AFTER_STEPS` steps: where the table drafts at one batch size and not at the next,
+and a closed loop moves between the two every few steps, they go at once. Skipping prompts needs that wrapper to reach the
 runner and read the cache's block ids from the drafter's block table, so it is on only
 where the runner is in the core's process (one worker, in-process executor) and the
 attention kernel's block is the cache's (`blocks_differ`); elsewhere a K = 0 step skips
@@ -60,6 +62,7 @@ from actors.step_split import is_decode_step
 METHOD = "peagle_k0_skip"
 ATTR = "_peagle_k0"
 STASH_BUDGET_BYTES = 64 << 20  # per engine; the stash width W follows from it (design (c))
+KEEP_AFTER_STEPS = 64  # steps in a row without drafting before a finished gap stays cached
 COUNTERS = ("head_forwards", "skipped_steps", "catchup_passes", "catchup_tokens", "k0_head_runs",
             "flushes", "dropped_gaps", "plain_sampled_steps", "stashed_prompt_tokens", "evicted_blocks")
 
@@ -131,6 +134,8 @@ class State:
         self.blocks: dict[str, list[int]] = {}  # KV block ids under each open gap, from its first block on
         self.holes: set[int] = set()  # blocks a preempted request left without head KV: evicted before the next step
         self.kept_holes: set[int] = set()  # finished requests' blocks without head KV: evicted before a step may draft
+        self.keep_after_steps = KEEP_AFTER_STEPS
+        self.steps_since_draft = 0  # propose calls in a row at K = 0
         self.block_size = proposer.vllm_config.cache_config.block_size
         self.max_reqs = proposer.vllm_config.scheduler_config.max_num_seqs
         self.max_model_len = proposer.max_model_len
@@ -219,6 +224,7 @@ def _rows(step, cad):
 def propose(proposer: Any, k: int, args: dict[str, Any], run_pass: Callable[..., Any]):
     """The step's drafting: skip (K = 0, decode-only) or catch up open gaps, then run."""
     st = state_for(proposer)
+    st.steps_since_draft = st.steps_since_draft + 1 if k == 0 else 0
     step = st.step
     if st.enabled and step is not None:
         try:
@@ -425,7 +431,8 @@ def evict_holes(scheduler: Any, st: State) -> None:
     if st.evict_holes and st.core_evicts:
         for rid in scheduler.finished_req_ids & st.gap_start.keys():
             st.kept_holes.update(st.blocks.get(rid, ()))
-    if st.kept_holes and (not st.enabled or next_step_may_draft(scheduler)):  # off: K = 0 runs the head again
+    spell = st.enabled and st.steps_since_draft >= st.keep_after_steps  # off: K = 0 runs the head again
+    if st.kept_holes and (not spell or next_step_may_draft(scheduler)):
         st.holes |= st.kept_holes
         st.kept_holes = set()
     if st.holes:
@@ -477,7 +484,7 @@ def _wrap_sample(fn):
 
 def _utility(core: Any, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """Engine-core utility: apply `settings` (any of catch_up: bool, skip: bool,
-    skip_prompts: bool, evict_holes: bool, stash_tokens: int, reset: bool,
+    skip_prompts: bool, evict_holes: bool, keep_after_steps: int, stash_tokens: int, reset: bool,
     force_k_cycle: list[int] | None, record_drafts: bool, inject_fault: bool,
     reset_prefix_cache: bool), return the counters (and the drafts recorded, on
     record_drafts=False)."""
@@ -487,8 +494,8 @@ def _utility(core: Any, settings: dict[str, Any] | None = None) -> dict[str, Any
         raise ValueError("the K=0 skip needs a P-EAGLE drafter (parallel drafting, EAGLE-3 head)")
     st = state_for(drafter)
     settings = dict(settings or {})
-    unknown = set(settings) - {"catch_up", "skip", "skip_prompts", "evict_holes", "stash_tokens", "reset",
-                              "force_k_cycle", "record_drafts", "inject_fault", "reset_prefix_cache"}
+    unknown = set(settings) - {"catch_up", "skip", "skip_prompts", "evict_holes", "keep_after_steps", "stash_tokens",
+                              "reset", "force_k_cycle", "record_drafts", "inject_fault", "reset_prefix_cache"}
     if unknown:
         raise ValueError(f"unknown K=0 skip settings {sorted(unknown)!r}")
     if "catch_up" in settings:
@@ -501,6 +508,10 @@ def _utility(core: Any, settings: dict[str, Any] | None = None) -> dict[str, Any
         st.skip_prompts = bool(settings["skip_prompts"])
     if "evict_holes" in settings:
         st.evict_holes = bool(settings["evict_holes"])
+    if "keep_after_steps" in settings:
+        if int(settings["keep_after_steps"]) < 0:
+            raise ValueError(f"keep_after_steps must be >= 0, got {settings['keep_after_steps']!r}")
+        st.keep_after_steps = int(settings["keep_after_steps"])
     if settings.get("reset_prefix_cache"):
         if not core.scheduler.reset_prefix_cache():
             raise RuntimeError("the prefix cache could not be reset (requests still hold blocks)")
@@ -512,6 +523,7 @@ def _utility(core: Any, settings: dict[str, Any] | None = None) -> dict[str, Any
         st.fail_next = bool(settings["inject_fault"])
     if settings.get("reset"):
         st.counters = dict.fromkeys(COUNTERS, 0)
+        st.steps_since_draft = 0
     if "force_k_cycle" in settings:
         sched = core.scheduler
         base = getattr(sched, "_peagle_k0_saved_lookup", None) or sched.dynamic_sd_lookup
@@ -524,7 +536,8 @@ def _utility(core: Any, settings: dict[str, Any] | None = None) -> dict[str, Any
     return {"enabled": st.enabled, "drafts": drafts, "catch_up": st.catch_up, "why_never": skip_possible(runner),
             "skip_prompts": st.skip_prompts and st.core_evicts, "evict_holes": st.evict_holes and st.core_evicts,
             "stash_tokens": None if st.hidden is None else st.hidden.shape[1],
-            "open_gaps": len(st.gap_start), "kept_holes": len(st.kept_holes), **st.counters}
+            "open_gaps": len(st.gap_start), "kept_holes": len(st.kept_holes),
+            "keep_after_steps": st.keep_after_steps, **st.counters}
 
 
 def _record_drafts(core: Any, on: bool) -> list[list] | None:

@@ -14,6 +14,7 @@ in the prefix cache for a later request to draft over.
 
 import pytest
 
+from actors.k0_skip import KEEP_AFTER_STEPS
 from engine_loop import generate_all
 from humaneval_inputs import humaneval_requests
 from configs import load_config
@@ -66,7 +67,7 @@ def _run(engine, loop, cycle, prompts=PROMPTS, **settings):
     loop.run(engine.k0_skip({"reset": True, "force_k_cycle": cycle, "record_drafts": True, **settings}))
     engine.step_window.drain()
     restore = {"force_k_cycle": None, "catch_up": True, "record_drafts": False, "skip_prompts": True,
-               "evict_holes": True}
+               "evict_holes": True, "keep_after_steps": KEEP_AFTER_STEPS}
     if "skip" in settings:
         restore["skip"] = True
     if "stash_tokens" in settings:
@@ -119,7 +120,7 @@ def test_switching_through_k0_is_lossless_and_skips_the_head(reference, peagle, 
 def test_k0_steps_run_the_head_zero_times_prompts_included(peagle, loop):
     # K=0 for good: every step skips, the prompts' too; no catch-up (drafting never resumes).
     prompts = [{**p, "max_tokens": 24} for p in PROMPTS[:6]]
-    _, _, counters = _run(peagle, loop, [0], prompts)
+    _, _, counters = _run(peagle, loop, [0], prompts, keep_after_steps=0)  # a spell that has lasted
     assert counters["skip_prompts"], counters
     assert counters["skipped_steps"] >= 20, counters
     assert counters["head_forwards"] == 0 and counters["catchup_passes"] == 0, counters
@@ -130,11 +131,16 @@ def test_k0_steps_run_the_head_zero_times_prompts_included(peagle, loop):
     # Every request ended inside the spell, and its blocks stay in the prefix cache while K=0
     # holds (a hit there costs nothing): the K=0 engine keeps a plain engine's prefix hits.
     assert counters["evicted_blocks"] == 0 and counters["kept_holes"] >= 6, counters
+    kept = counters["kept_holes"]  # they leave before the next run's first step
     # With prompts not skipped (as a speculating engine did before), the head runs for the
-    # steps the prompts join on only, at most one per request.
-    _, _, counters = _run(peagle, loop, [0], prompts, skip_prompts=False)
+    # steps the prompts join on only, at most one per request. Here the spell is shorter than
+    # keep_after_steps (6 x 24 tokens take fewer steps however they are batched): the
+    # requests' gaps leave the cache as they end.
+    _, _, counters = _run(peagle, loop, [0], prompts, skip_prompts=False, keep_after_steps=1000)
     assert counters["stashed_prompt_tokens"] == 0 and counters["skipped_steps"] >= 20, counters
     assert 1 <= counters["head_forwards"] == counters["k0_head_runs"] <= 6, counters
+    assert counters["skipped_steps"] < counters["keep_after_steps"], counters
+    assert counters["kept_holes"] == 0 and counters["evicted_blocks"] >= kept + 6, (kept, counters)
 
 
 def test_catch_up_makes_acceptance_after_a_gap_equal_acceptance_without_one(reference, sequences, peagle, loop):
@@ -200,7 +206,7 @@ def test_a_gap_left_open_by_a_finished_request_is_not_hit_in_the_prefix_cache(pe
     prompt = [{**humaneval_requests(limit=len(PROMPTS) + 1)[-1], "max_tokens": 16}]
 
     def drafts_after_a_k0_run(**settings):
-        _, _, first = _run(peagle, loop, [0], prompt, reset_prefix_cache=True, **settings)
+        _, _, first = _run(peagle, loop, [0], prompt, reset_prefix_cache=True, keep_after_steps=0, **settings)
         assert first["head_forwards"] == 0 and first["stashed_prompt_tokens"] >= 64, first
         out, _, again = _run(peagle, loop, [K_MAX], prompt)
         return first, again, out

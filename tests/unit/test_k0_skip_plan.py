@@ -117,6 +117,7 @@ def test_a_gap_records_the_blocks_under_it_from_its_first_block_on():
 
 def test_a_finished_requests_gap_stays_cached_under_k0_and_leaves_before_a_step_that_may_draft():
     st = _state()
+    st.steps_since_draft = st.keep_after_steps  # a K=0 spell that has lasted
     _open_gap(st, "a", 40, 70, TABLE, 0)
     _open_gap(st, "b", 0, 10, TABLE, 1)
     busy = _Scheduler(finished={"a", "gone-without-a-gap"}, running=3, waiting=5)  # batch 4: K=0
@@ -193,3 +194,14 @@ def test_where_the_core_cannot_evict_a_gap_left_open_marks_no_blocks():
     sched = _Scheduler(finished={"a"})
     evict_holes(sched, st)
     assert not st.holes and sched.evicted == [] and "a" not in st.slot
+
+
+def test_in_a_k0_spell_too_short_to_last_a_finished_gap_leaves_at_once():
+    # A closed loop that moves every few steps between a batch size that drafts and one that
+    # does not: a request joining on a K=0 step would hit the hole, then draft over it.
+    st = _state()
+    st.steps_since_draft = st.keep_after_steps - 1
+    _open_gap(st, "a", 40, 70, TABLE, 0)
+    busy = _Scheduler(finished={"a"}, running=4)  # the next step will not draft either
+    evict_holes(busy, st)
+    assert busy.evicted == [{11, 12}] and not st.kept_holes
