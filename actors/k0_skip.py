@@ -26,11 +26,13 @@ the requests running and waiting, `next_step_may_draft`). A request that hit the
 the spell and still runs when drafting resumes drafts over the hole for the rest of its
 life (acceptance only), so they are kept only once the spell has lasted
 `KEEP_AFTER_STEPS` steps: where the table drafts at one batch size and not at the next,
-and a closed loop moves between the two every few steps, they go at once. Skipping prompts needs that wrapper to reach the
-runner and read the cache's block ids from the drafter's block table, so it is on only
-where the runner is in the core's process (one worker, in-process executor) and the
-attention kernel's block is the cache's (`blocks_differ`); elsewhere a K = 0 step skips
-decode-only steps and gaps stay in the prefix cache (acceptance only, never output).
+and a closed loop moves between the two every few steps, they go at once.
+
+Skipping prompts needs that wrapper to reach the runner and read the cache's block ids
+from the drafter's block table, so it is on only where the runner is in the core's
+process (one worker, in-process executor) and the attention kernel's block is the
+cache's (`blocks_differ`); elsewhere a K = 0 step skips decode-only steps and gaps stay
+in the prefix cache (acceptance only, never output).
 
 A step on which no request drafted (every K = 0 step's successor, a prefill) also skips
 vLLM's rejection sampler: vLLM 0.32 sends every step of a speculating engine through it,
@@ -122,7 +124,7 @@ class State:
         self.catch_up = True
         self.skip_prompts = True  # a K = 0 step with a prompt (chunk) in it skips too
         self.evict_holes = True  # a gap its request leaves un-caught-up is dropped from the prefix cache
-        self.core_evicts = False  # set by `_core_state`: the core's step wrapper reaches this drafter and can evict its gaps
+        self.core_evicts = False  # set by `_core_state`: the core reaches this drafter and can evict its gaps
         self.fail_next = False  # test-only fault injection: the next skip decision raises
         self.width: int | None = None  # stash tokens per request; None: from STASH_BUDGET_BYTES
         self.counters = dict.fromkeys(COUNTERS, 0)
