@@ -108,10 +108,14 @@ class _Cycle(list):
         super().__init__(base)
         self.cycle, self.i = [int(k) for k in cycle], 0
 
+    def peek(self) -> int:
+        """The K the next lookup will return, without taking it."""
+        return self.cycle[self.i % len(self.cycle)]
+
     def __getitem__(self, index):
         if isinstance(index, slice):
             return list.__getitem__(self, index)
-        k = self.cycle[self.i % len(self.cycle)]
+        k = self.peek()
         self.i += 1
         return k
 
@@ -421,7 +425,7 @@ def next_step_may_draft(scheduler: Any) -> bool:
         return False
     lookup = getattr(scheduler, "dynamic_sd_lookup", None)
     if isinstance(lookup, _Cycle):  # a forced cycle (tests): its next K, without taking it
-        return lookup.cycle[lookup.i % len(lookup.cycle)] > 0
+        return lookup.peek() > 0
     return (list.__getitem__(lookup, n) if lookup is not None else scheduler.num_spec_tokens) > 0
 
 
